@@ -1,0 +1,29 @@
+"""The `evalgate` command. This layer only parses arguments and renders results; the work is in the
+library modules (gate, store, verdict, ...), one command group per module here."""
+
+from __future__ import annotations
+
+import typer
+
+from . import demo, gate, history, models
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Gate LLM serving determinism: batch variance and silent regressions, token by token.")
+baseline_app = typer.Typer(no_args_is_help=True, help="Create, accept and list baselines.")
+runs_app = typer.Typer(no_args_is_help=True, help="Look at stored runs.")
+
+app.add_typer(baseline_app, name="baseline")
+app.add_typer(runs_app, name="runs")
+baseline_app.command("create")(gate.create)
+baseline_app.command("accept")(history.baseline_accept)
+baseline_app.command("list")(history.baseline_list)
+app.command("check")(gate.check)
+runs_app.command("list")(history.runs_list)
+runs_app.command("show")(history.runs_show)
+app.command("diff")(history.diff)
+app.command("demo")(demo.demo)
+app.command("build-model")(models.build)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,88 @@
+"""Shared CLI plumbing: the console, error-to-exit-code mapping, and store/suite option handling."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+from pathlib import Path
+
+import click
+import typer
+from rich.console import Console
+
+from ..errors import EvalgateError, ExitCode
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt()
+
+
+def handled(fn):
+    """Render evalgate errors as one clear message and exit with the contract code; never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+        try:
+            return fn(*args, **kwargs)
+        except EvalgateError as exc:
+            err_console.print(f"[bold red]error:[/] {exc.message}")
+            if exc.fix:
+                err_console.print(f"  [bold]fix:[/] {exc.fix}")
+            raise typer.Exit(int(exc.exit_code))
+        except KeyboardInterrupt:
+            err_console.print("[bold red]interrupted[/]: the run is stored as incomplete and cannot become a baseline")
+            raise typer.Exit(int(ExitCode.INFRA))
+        except (typer.Exit, typer.Abort, click.ClickException):
+            raise
+        except Exception as exc:  # never report an unexpected failure as a pass or a regression
+            err_console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}")
+            if os.environ.get("EVALGATE_DEBUG"):
+                raise
+            err_console.print("  (set EVALGATE_DEBUG=1 for the traceback)")
+            raise typer.Exit(int(ExitCode.INFRA))
+
+    return wrapper
+
+
+def open_store_for(db: str | None, suite_path: Path | None):
+    """The store named by --db, else by the suite file, else the default under ./baselines."""
+    from ..store import open_store
+    from ..suite import DEFAULT_DATABASE, load_suite, resolve_database_url
+
+    if db:
+        return open_store(resolve_database_url(db, Path.cwd()))
+    if suite_path is not None or Path("evalgate.toml").is_file():
+        return open_store(load_suite(suite_path or Path("evalgate.toml")).database)
+    return open_store(resolve_database_url(DEFAULT_DATABASE, Path.cwd()))
+
+
+def parse_levels(value: str | None) -> list[int] | None:
+    if not value:
+        return None
+    try:
+        levels = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or any(level < 1 for level in levels):
+        raise typer.BadParameter("expected comma-separated positive integers, e.g. 1,8,32", param_hint="--concurrency")
+    return levels
+
+
+def progress_bar():
+    """A rich progress bar for runs; returns (context manager, callback)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                        console=err_console, transient=True, disable=not sys.stderr.isatty())
+    task = progress.add_task("starting", total=None)
+
+    def update(done: int, total: int, label: str) -> None:
+        progress.update(task, completed=done, total=total, description=label)
+
+    return progress, update

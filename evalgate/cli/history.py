@@ -1,0 +1,105 @@
+"""Looking at history: `runs list/show`, `baseline accept/list`, `diff RUN_A RUN_B`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from .. import gate
+from ..fingerprint import describe_changes
+from ..reports.json_report import write_json
+from ..reports.terminal import render_report
+from .common import console, handled, open_store_for
+
+DbOpt = typer.Option(None, "--db", help="Database URL or SQLite path")
+SuiteOpt = typer.Option(None, "--suite", help="Take the database from this suite file")
+
+
+def _when(dt) -> str:
+    return dt.strftime("%Y-%m-%d %H:%M:%S") if dt else ""
+
+
+@handled
+def runs_list(db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt,
+              name: Optional[str] = typer.Option(None, "--name", help="Only this suite name"),
+              limit: int = typer.Option(50, help="How many runs, newest first")):
+    """List runs, newest first."""
+    store = open_store_for(db, suite)
+    baseline_ids = {b.run_id for b in store.baselines()}
+    table = Table()
+    for col in ("run", "suite", "kind", "status", "verdict", "counts", "started", "baseline"):
+        table.add_column(col)
+    for run in store.runs(name, limit):
+        counts = ", ".join(f"{k} {v}" for k, v in (run.summary or {}).items() if v)
+        table.add_row(str(run.id), run.suite_name, run.kind, run.status, run.verdict or "", counts,
+                      _when(run.started_at), "yes" if run.id in baseline_ids else "")
+    console.print(table)
+
+
+@handled
+def runs_show(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt,
+              json_out: bool = typer.Option(False, "--json", help="Print the run as JSON")):
+    """Show one run: status, schedule, fingerprint components, non-stable requests."""
+    store = open_store_for(db, suite)
+    record = store.load(run_id)
+    run = record.run
+    info = {
+        "run": run.id, "suite": run.suite_name, "suite_path": run.suite_path, "kind": run.kind, "status": run.status,
+        "verdict": run.verdict, "exit_code": run.exit_code, "baseline_run_id": run.baseline_run_id,
+        "started_at": _when(run.started_at), "finished_at": _when(run.finished_at), "error": run.error,
+        "summary": run.summary, "schedule": run.schedule,
+        "fingerprint": {name: comp["hash"][:16] for name, comp in record.fingerprint.items()},
+        "engine": record.fingerprint.get("engine", {}).get("data"),
+        "requests": len(record.requests), "outputs": sum(len(v) for v in record.outputs.values()),
+        "verdicts": store.verdicts(run_id),
+    }
+    if json_out:
+        console.print_json(json.dumps(info, default=str))
+        return
+    for key, value in info.items():
+        if key in ("verdicts", "schedule", "engine"):
+            continue
+        console.print(f"[bold]{key}[/]: {value}")
+    console.print(f"[bold]schedule[/]: {json.dumps({k: v for k, v in run.schedule.items() if k != 'passes'})}")
+    console.print(f"[bold]engine[/]: {json.dumps(info['engine'])}")
+    for v in info["verdicts"]:
+        d = v.get("divergence") or {}
+        console.print(f"  {v['key']}: {v['verdict']} at position {d.get('position')} "
+                      f"({d.get('reference_id')} -> {d.get('other_id')}) {', '.join(v.get('components') or [])}")
+
+
+@handled
+def baseline_accept(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt):
+    """Promote a complete run to be the baseline of its suite on its hardware class."""
+    store = open_store_for(db, suite)
+    run = gate.accept(store, run_id)
+    console.print(f"run {run.id} is now the baseline for suite {run.suite_name!r} (hardware {run.hardware_class[:12]})")
+
+
+@handled
+def baseline_list(db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt):
+    """List the current baseline of each suite and hardware class."""
+    store = open_store_for(db, suite)
+    table = Table()
+    for col in ("suite", "hardware class", "run", "promoted"):
+        table.add_column(col)
+    for b in store.baselines():
+        table.add_row(b.suite_name, b.hardware_class[:16], str(b.run_id), _when(b.promoted_at))
+    console.print(table)
+
+
+@handled
+def diff(run_a: int, run_b: int, db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt,
+         json_report: Optional[Path] = typer.Option(None, "--json-report", help="Also write the diff as JSON")):
+    """Compare two runs: fingerprint components that differ, then per-request differences (B against A)."""
+    store = open_store_for(db, suite)
+    report = gate.compare_runs(store, run_a, run_b)
+    a, b = store.load(run_a), store.load(run_b)
+    changes = describe_changes(a.fingerprint, b.fingerprint, report.changed_components)
+    render_report(console, report, changes)
+    if json_report:
+        write_json(report, json_report, {"fingerprint_changes": changes})

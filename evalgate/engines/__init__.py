@@ -1,0 +1,29 @@
+"""Engine registry: the suite's `engine.kind` picks the implementation; heavy imports stay inside it."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..records import Completion
+from ..suite import Prompt, Suite
+
+
+class Engine(Protocol):
+    kind: str
+    launch_env: dict[str, str]  # allow-listed environment the engine started with (fingerprint `env`)
+
+    def identity(self) -> dict: ...
+    def tokenize(self, prompt: Prompt) -> list[int]: ...
+    def generate(self, prompts: list[Prompt]) -> list[Completion]: ...
+    def close(self) -> None: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+
+def open_engine(suite: Suite) -> Engine:
+    if suite.engine_kind == "vllm":
+        from .vllm_offline import VllmOfflineEngine
+
+        return VllmOfflineEngine(suite)
+    raise ValueError(f"unknown engine kind {suite.engine_kind!r}")

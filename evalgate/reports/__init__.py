@@ -1,0 +1,1 @@
+"""Renderings of a Report: terminal (rich) and JSON (docs/json-report.md)."""

@@ -1,0 +1,88 @@
+"""Terminal rendering with rich: verdict counts, then one row per differing request."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..verdict import FAILURES, Report
+
+STYLE = {
+    "stable": "green", "batch_variance": "bold red", "silent_regression": "bold red",
+    "explained_change": "yellow", "new": "cyan", "missing": "cyan",
+}
+MAX_ROWS = 50
+
+
+def _token(token_id, text) -> str:
+    if token_id is None:
+        return "(end)"
+    return f"{token_id} {text!r}" if text is not None else str(token_id)
+
+
+def render_report(console: Console, report: Report, fingerprint_changes: dict | None = None) -> None:
+    inv = report.batch_invariance or {}
+    if inv.get("requested") and not inv.get("in_force"):
+        console.print(f"[yellow]batch invariance: requested, NOT in force[/] — {inv.get('reason', '')}")
+    elif inv.get("in_force"):
+        console.print("[green]batch invariance: in force (VLLM_BATCH_INVARIANT=1)[/]")
+
+    if report.baseline_run_id is not None:
+        if report.changed_components:
+            console.print(f"changed since baseline run {report.baseline_run_id}: "
+                          f"[yellow]{', '.join(report.changed_components)}[/]")
+            for name, change in (fingerprint_changes or {}).items():
+                console.print(f"  {name}: {change}")
+        else:
+            console.print(f"identity unchanged since baseline run {report.baseline_run_id} "
+                          "(model, tokenizer, engine, code, hardware, env)")
+
+    counts = Table(title=f"{report.kind} run {report.run_id} — suite {report.suite_name!r}", title_justify="left")
+    counts.add_column("verdict")
+    counts.add_column("requests", justify="right")
+    for name, n in report.counts.items():
+        if n or name in ("stable",) + FAILURES:
+            counts.add_row(Text(name, style=STYLE[name] if n else ""), str(n))
+    console.print(counts)
+
+    differing = [v for v in report.verdicts if v.verdict != "stable"]
+    if differing:
+        table = Table(title="differing requests", title_justify="left")
+        for col in ("request", "verdict", "pos", "reference token", "current token", "margin", "why"):
+            table.add_column(col, overflow="fold")
+        for v in differing[:MAX_ROWS]:
+            d = v.divergence
+            if v.verdict == "batch_variance" and v.passes:
+                p = v.passes
+                why = (f"pass {p['reference_pass']} (c={p['reference_concurrency']}) vs pass {p['other_pass']} "
+                       f"(c={p['other_concurrency']}); {p['differing_passes']}/{p['total_passes'] - 1} passes differ")
+            else:
+                why = ", ".join(v.components) if v.components else ("nothing changed" if v.verdict == "silent_regression" else "")
+            margin = "" if d is None or d.margin is None else f"{d.margin:.4g}"
+            if d is not None and d.kind == "logprob":
+                ref_tok = f"{_token(d.reference_id, d.reference_text)} lp={d.reference_logprob!r}"
+                cur_tok = f"{_token(d.other_id, d.other_text)} lp={d.other_logprob!r}"
+            elif d is not None:
+                ref_tok, cur_tok = _token(d.reference_id, d.reference_text), _token(d.other_id, d.other_text)
+            else:
+                ref_tok = cur_tok = ""
+            table.add_row(
+                Text(v.key), Text(v.verdict, style=STYLE[v.verdict]),
+                "" if d is None else str(d.position), ref_tok, cur_tok, margin, why,
+            )
+        console.print(table)
+        if len(differing) > MAX_ROWS:
+            console.print(f"... and {len(differing) - MAX_ROWS} more (see --json-report)")
+
+    if report.failing:
+        names = sorted({v.verdict for v in report.failing})
+        console.print(f"[bold red]FAIL[/]: {len(report.failing)} request(s): {', '.join(names)} (exit {int(report.exit_code)})")
+    else:
+        console.print(f"[bold green]PASS[/] (exit 0)")
+    if report.kind == "baseline":
+        if report.promoted:
+            console.print(f"run {report.run_id} is now the baseline for suite {report.suite_name!r} on this hardware")
+        else:
+            console.print(f"[red]run {report.run_id} was NOT promoted to baseline[/]: its passes disagree. "
+                          "Fix the variance (batch invariance, max_num_seqs=1) or pass --allow-variance.")

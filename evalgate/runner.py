@@ -1,0 +1,98 @@
+"""Executing a suite: one engine load, every pass of the schedule, every output stored.
+
+The engine is loaded once and reused by all passes. Each pass splits the requests into waves of its
+concurrency; a wave is submitted to the engine together so its requests really share batches. Any
+failure or interruption after the run row exists marks the run incomplete before the error propagates.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Callable
+
+from .engines import Engine, open_engine
+from .errors import ConfigError, EngineError
+from .fingerprint import build_fingerprint
+from .schedule import Pass, plan_passes, waves
+from .store import Store
+from .suite import Schedule, Suite
+
+# progress(done, total, label): requests completed across all passes.
+Progress = Callable[[int, int, str], None]
+
+
+class Timings(dict):
+    """Seconds spent per phase; stored with the run and read by benchmarks/."""
+
+    def add(self, phase: str, seconds: float) -> None:
+        self[phase] = self.get(phase, 0.0) + seconds
+
+
+def load_engine(suite: Suite, timings: Timings) -> Engine:
+    start = time.perf_counter()
+    engine = open_engine(suite)
+    timings.add("engine_load", time.perf_counter() - start)
+    return engine
+
+
+def tokenize_prompts(suite: Suite, engine: Engine) -> dict[str, list[int]]:
+    """Prompt ids, checked against the engine's context length before anything is stored."""
+    limit = engine.max_model_len
+    prompt_ids = {}
+    for p in suite.prompts:
+        ids = engine.tokenize(p)
+        if len(ids) >= limit:
+            raise ConfigError(
+                f"{suite.prompts_file}:{p.line}: prompt {p.key!r} is {len(ids)} tokens, the engine's max_model_len is {limit}",
+                fix="shorten the prompt or raise engine.max_model_len in the suite file",
+            )
+        prompt_ids[p.key] = ids
+    return prompt_ids
+
+
+def execute(suite: Suite, store: Store, engine: Engine, *, kind: str, schedule: Schedule,
+            timings: Timings, progress: Progress | None = None) -> int:
+    """Run every pass of the schedule and store it; returns the run id (status still `running`)."""
+    start = time.perf_counter()
+    prompt_ids = tokenize_prompts(suite, engine)
+    fingerprint = build_fingerprint(suite, engine)
+    passes = plan_passes(schedule)
+    schedule_record = {**asdict(schedule), "passes": [asdict(p) for p in passes]}
+    run_id = store.create_run(suite, kind, schedule_record, fingerprint, prompt_ids)
+    timings.add("evalgate", time.perf_counter() - start)
+    try:
+        _run_passes(suite, store, engine, run_id, passes, timings, progress)
+    except KeyboardInterrupt:
+        store.mark_incomplete(run_id, "interrupted", "interrupted (SIGINT/SIGTERM)")
+        raise
+    except BaseException as exc:
+        store.mark_incomplete(run_id, "failed", f"{type(exc).__name__}: {exc}")
+        raise
+    return run_id
+
+
+def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes: list[Pass], timings: Timings,
+                progress: Progress | None) -> None:
+    by_key = {p.key: p for p in suite.prompts}
+    keys = [p.key for p in suite.prompts]
+    total = len(keys) * len(passes)
+    done = 0
+    for pass_ in passes:
+        pass_outputs = []
+        for wave_index, wave in enumerate(waves(keys, pass_)):
+            t0 = time.perf_counter()
+            completions = engine.generate([by_key[k] for k in wave])
+            timings.add("inference", time.perf_counter() - t0)
+            if len(completions) != len(wave):
+                raise EngineError(f"engine returned {len(completions)} outputs for {len(wave)} requests")
+            for position, completion in enumerate(completions):
+                completion.pass_index, completion.concurrency = pass_.index, pass_.concurrency
+                completion.wave, completion.position = wave_index, position
+            pass_outputs.extend(completions)
+            done += len(wave)
+            if progress:
+                progress(done, total, pass_.label)
+        t0 = time.perf_counter()
+        store.add_outputs(run_id, pass_outputs)
+        timings.add("evalgate", time.perf_counter() - t0)

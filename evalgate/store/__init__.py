@@ -1,0 +1,196 @@
+"""The store: runs, fingerprints, token-level outputs, verdicts and baseline pointers.
+
+A run row is written first with status `running`; outputs are added pass by pass; the final transaction
+writes the verdicts, marks the run `complete` and (for a baseline) moves the baseline pointer, so a
+baseline can never point at a half-written run. Interrupted or failed runs keep their outputs for
+inspection and are never promotable.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from sqlalchemy import select
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..errors import ConfigError, StoreError
+from ..fingerprint import fingerprint_hash
+from ..records import Completion, pack_floats, pack_ids, unpack_floats, unpack_ids
+from .db import make_engine, migrate
+from .models import Baseline, Fingerprint, Output, Request, Run, Verdict, utcnow
+
+
+@dataclass
+class RunRecord:
+    """A stored run, loaded for comparison."""
+
+    run: Run
+    fingerprint: dict[str, dict]
+    requests: dict[str, Request]
+    outputs: dict[str, list[Completion]] = field(default_factory=dict)  # key -> completions in pass order
+
+    @property
+    def id(self) -> int:
+        return self.run.id
+
+
+class Store:
+    def __init__(self, url: str):
+        self.url = url
+        self.engine = make_engine(url)
+        migrate(self.engine, url)
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    def session(self) -> Session:
+        return self._session()
+
+    def _write(self, fn):
+        """Run fn(session) in one transaction; storage failures (disk full, locked) are exit-3 errors."""
+        try:
+            with self.session() as s, s.begin():
+                return fn(s)
+        except OperationalError as exc:
+            raise StoreError(f"could not write to the database {self.url}: {exc.orig}") from None
+        except SQLAlchemyError as exc:
+            raise StoreError(f"database error on {self.url}: {exc}") from None
+
+    # --- writing a run ---------------------------------------------------------------------------------
+
+    def create_run(self, suite, kind: str, schedule: dict, fingerprint: dict[str, dict],
+                   prompt_ids: dict[str, list[int]]) -> int:
+        fp_hash = fingerprint_hash(fingerprint)
+
+        def write(s: Session) -> int:
+            if s.get(Fingerprint, fp_hash) is None:
+                s.add(Fingerprint(hash=fp_hash, components=fingerprint))
+            run = Run(suite_name=suite.name, suite_path=str(suite.path), kind=kind, status="running",
+                      schedule=schedule, fingerprint_hash=fp_hash, hardware_class=fingerprint["hardware"]["hash"])
+            s.add(run)
+            s.flush()
+            locations = suite.locations
+            for p in suite.prompts:
+                s.add(Request(run_id=run.id, key=p.key, request_hash=suite.request_hash(p), prompt=p.text,
+                              prompt_ids=pack_ids(prompt_ids[p.key]), sampling=suite.sampling_for(p),
+                              location=locations.get(p.key)))
+            return run.id
+
+        return self._write(write)
+
+    def add_outputs(self, run_id: int, completions: list[Completion]) -> None:
+        def write(s: Session) -> None:
+            for c in completions:
+                k, top_ids, top_lps = c.pack_top()
+                s.add(Output(
+                    run_id=run_id, request_key=c.key, pass_index=c.pass_index, concurrency=c.concurrency,
+                    wave=c.wave, position=c.position, output_ids=pack_ids(c.output_ids),
+                    logprobs=pack_floats(c.logprobs), top_k=k, top_ids=top_ids, top_logprobs=top_lps,
+                    token_texts=c.token_texts, text=c.text, finish_reason=c.finish_reason, digest=c.digest,
+                ))
+
+        self._write(write)
+
+    def finish_run(self, run_id: int, *, status: str, verdict: str | None = None, exit_code: int | None = None,
+                   summary: dict | None = None, verdicts: list[dict] | None = None, error: str | None = None,
+                   schedule: dict | None = None, baseline_run_id: int | None = None, promote: bool = False) -> None:
+        def write(s: Session) -> None:
+            run = s.get(Run, run_id)
+            run.status, run.verdict, run.exit_code = status, verdict, exit_code
+            run.summary, run.error, run.finished_at = summary, error, utcnow()
+            run.baseline_run_id = baseline_run_id
+            if schedule is not None:
+                run.schedule = schedule
+            for v in verdicts or []:
+                s.add(Verdict(run_id=run_id, request_key=v["key"], verdict=v["verdict"], detail=v))
+            if promote:
+                self._promote(s, run)
+
+        self._write(write)
+
+    def mark_incomplete(self, run_id: int, status: str, error: str) -> None:
+        """Best effort: a run that could not finish must never look complete."""
+        try:
+            self.finish_run(run_id, status=status, error=error, exit_code=3)
+        except Exception:
+            pass  # the row stays `running`, which is just as unpromotable
+
+    # --- baselines -------------------------------------------------------------------------------------
+
+    def _promote(self, s: Session, run: Run) -> None:
+        if run.status != "complete":
+            raise ConfigError(f"run {run.id} is {run.status}, not complete: it cannot become a baseline",
+                              fix="promote a complete run (see `evalgate runs list`)")
+        row = s.scalar(select(Baseline).where(Baseline.suite_name == run.suite_name,
+                                              Baseline.hardware_class == run.hardware_class))
+        if row is None:
+            s.add(Baseline(suite_name=run.suite_name, hardware_class=run.hardware_class, run_id=run.id))
+        else:
+            row.run_id, row.promoted_at = run.id, utcnow()
+
+    def promote(self, run_id: int) -> Run:
+        def write(s: Session) -> Run:
+            run = s.get(Run, run_id)
+            if run is None:
+                raise ConfigError(f"run {run_id} does not exist in {self.url}", fix="see `evalgate runs list`")
+            self._promote(s, run)
+            return run
+
+        return self._write(write)
+
+    def baseline_for(self, suite_name: str, hardware_class: str) -> int | None:
+        with self.session() as s:
+            return s.scalar(select(Baseline.run_id).where(Baseline.suite_name == suite_name,
+                                                           Baseline.hardware_class == hardware_class))
+
+    def baselines(self, suite_name: str | None = None) -> list[Baseline]:
+        with self.session() as s:
+            q = select(Baseline).order_by(Baseline.suite_name)
+            if suite_name:
+                q = q.where(Baseline.suite_name == suite_name)
+            return list(s.scalars(q))
+
+    # --- reading ---------------------------------------------------------------------------------------
+
+    def runs(self, suite_name: str | None = None, limit: int = 50) -> list[Run]:
+        with self.session() as s:
+            q = select(Run).order_by(Run.id.desc()).limit(limit)
+            if suite_name:
+                q = q.where(Run.suite_name == suite_name)
+            return list(s.scalars(q))
+
+    def get_run(self, run_id: int) -> Run:
+        with self.session() as s:
+            run = s.get(Run, run_id)
+        if run is None:
+            raise ConfigError(f"run {run_id} does not exist in {self.url}", fix="see `evalgate runs list`")
+        return run
+
+    def verdicts(self, run_id: int) -> list[dict]:
+        with self.session() as s:
+            return [v.detail for v in s.scalars(select(Verdict).where(Verdict.run_id == run_id).order_by(Verdict.id))]
+
+    def load(self, run_id: int) -> RunRecord:
+        run = self.get_run(run_id)
+        with self.session() as s:
+            fp = s.get(Fingerprint, run.fingerprint_hash)
+            requests = {r.key: r for r in s.scalars(select(Request).where(Request.run_id == run_id))}
+            outputs: dict[str, list[Completion]] = defaultdict(list)
+            rows = s.scalars(select(Output).where(Output.run_id == run_id).order_by(Output.pass_index, Output.id))
+            for o in rows:
+                top_ids, top_lps = Completion.unpack_top(o.top_k, o.top_ids, o.top_logprobs)
+                req = requests.get(o.request_key)
+                outputs[o.request_key].append(Completion(
+                    key=o.request_key, prompt_ids=unpack_ids(req.prompt_ids) if req else [],
+                    output_ids=unpack_ids(o.output_ids), logprobs=unpack_floats(o.logprobs), top_ids=top_ids,
+                    top_logprobs=top_lps, token_texts=list(o.token_texts), text=o.text,
+                    finish_reason=o.finish_reason, pass_index=o.pass_index, concurrency=o.concurrency,
+                    wave=o.wave, position=o.position, _digest=o.digest,
+                ))
+        return RunRecord(run=run, fingerprint=fp.components if fp else {}, requests=requests, outputs=dict(outputs))
+
+
+def open_store(url: str) -> Store:
+    return Store(url)
+
+
+__all__ = ["Store", "RunRecord", "open_store", "Run"]

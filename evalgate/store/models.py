@@ -1,0 +1,104 @@
+"""SQLAlchemy ORM models. The schema is owned by the Alembic migrations in migrations/ (docs/storage.md);
+change both together and add a migration, never edit a released one."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import JSON, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Fingerprint(Base):
+    """Content-addressed: the same identity is stored once, whatever the number of runs."""
+
+    __tablename__ = "fingerprints"
+    hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    components: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    suite_name: Mapped[str] = mapped_column(String(200), index=True)
+    suite_path: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(20))  # baseline | check
+    # running -> complete | failed | interrupted. Only `complete` runs can become baselines.
+    status: Mapped[str] = mapped_column(String(20), default="running")
+    verdict: Mapped[str | None] = mapped_column(String(40))  # pass | regression | ... once complete
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    fingerprint_hash: Mapped[str | None] = mapped_column(ForeignKey("fingerprints.hash"))
+    hardware_class: Mapped[str | None] = mapped_column(String(64))
+    baseline_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))  # what a check compared against
+    schedule: Mapped[dict] = mapped_column(JSON)  # runtime knobs and pass timings: never identity
+    summary: Mapped[dict | None] = mapped_column(JSON)  # verdict counts
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+
+
+class Request(Base):
+    __tablename__ = "requests"
+    __table_args__ = (UniqueConstraint("run_id", "key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(500))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    prompt: Mapped[str] = mapped_column(Text)
+    prompt_ids: Mapped[bytes] = mapped_column(LargeBinary)  # int32 little-endian
+    sampling: Mapped[dict] = mapped_column(JSON)
+    location: Mapped[str | None] = mapped_column(Text)  # prompts file:line
+
+
+class Output(Base):
+    """One request in one pass. Encoding of the blobs: evalgate/records.py and docs/storage.md."""
+
+    __tablename__ = "outputs"
+    __table_args__ = (Index("ix_outputs_run_key", "run_id", "request_key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    request_key: Mapped[str] = mapped_column(String(500))
+    pass_index: Mapped[int] = mapped_column(Integer)
+    concurrency: Mapped[int] = mapped_column(Integer)
+    wave: Mapped[int] = mapped_column(Integer)
+    position: Mapped[int] = mapped_column(Integer)  # index within its wave
+    output_ids: Mapped[bytes] = mapped_column(LargeBinary)  # int32 LE
+    logprobs: Mapped[bytes] = mapped_column(LargeBinary)  # float64 LE, sampled token per position
+    top_k: Mapped[int] = mapped_column(Integer)
+    top_ids: Mapped[bytes] = mapped_column(LargeBinary)  # int32 LE, top_k per position
+    top_logprobs: Mapped[bytes] = mapped_column(LargeBinary)  # float64 LE, top_k per position
+    token_texts: Mapped[list] = mapped_column(JSON)
+    text: Mapped[str] = mapped_column(Text)
+    finish_reason: Mapped[str] = mapped_column(String(40))
+    digest: Mapped[str] = mapped_column(String(64))
+
+
+class Verdict(Base):
+    __tablename__ = "verdicts"
+    __table_args__ = (UniqueConstraint("run_id", "request_key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    request_key: Mapped[str] = mapped_column(String(500))
+    verdict: Mapped[str] = mapped_column(String(40))
+    detail: Mapped[dict] = mapped_column(JSON)
+
+
+class Baseline(Base):
+    """The named pointer: the current baseline run of a suite on a hardware class."""
+
+    __tablename__ = "baselines"
+    __table_args__ = (UniqueConstraint("suite_name", "hardware_class"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    suite_name: Mapped[str] = mapped_column(String(200))
+    hardware_class: Mapped[str] = mapped_column(String(64))
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    promoted_at: Mapped[datetime] = mapped_column(default=utcnow)

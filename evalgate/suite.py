@@ -1,0 +1,329 @@
+"""Suite files: what to run (model, engine, sampling, prompts) and how (the schedule).
+
+A suite is a TOML file, or the `[tool.evalgate]` table of a pyproject.toml. Relative paths resolve against
+the directory of that file, never the working directory. Every mistake is reported as a ConfigError that
+names the file, the field (or prompts-file line) and the fix. docs/suite.md documents the format.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .hashing import digest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_DATABASE = "sqlite:///baselines/evalgate.sqlite"
+ENGINE_KINDS = ("vllm",)
+# Keys of [engine] that evalgate itself reads; every other key is passed to vLLM's engine as is.
+ENGINE_OWN_KEYS = {"kind", "model", "tokenizer", "batch_invariant"}
+SAMPLING_KEYS = {
+    "temperature": (int, float),
+    "top_p": (int, float),
+    "top_k": int,
+    "min_p": (int, float),
+    "max_tokens": int,
+    "seed": int,
+    "logprobs": int,
+    "stop": list,
+    "repetition_penalty": (int, float),
+    "presence_penalty": (int, float),
+    "frequency_penalty": (int, float),
+    "ignore_eos": bool,
+}
+PROMPT_KEYS = {"id", "prompt", "max_tokens", "metadata"}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    key: str
+    text: str
+    max_tokens: int | None
+    line: int  # 1-based line in the prompts file, for error messages and CI annotations
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Runtime knobs: never part of identity (that exclusion is what makes a silent regression provable)."""
+
+    concurrency: tuple[int, ...] = (1, 8)
+    shuffles: int = 1
+    repeats: int = 1
+    seed: int = 0
+
+
+@dataclass
+class Suite:
+    name: str
+    path: Path  # the suite file
+    model: Path
+    tokenizer: Path | None
+    engine_kind: str
+    batch_invariant: bool
+    engine_args: dict[str, Any]
+    sampling: dict[str, Any]
+    prompts_file: Path
+    prompts: list[Prompt]
+    schedule: Schedule
+    code_paths: list[Path]
+    database: str
+    root: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.root = self.path.parent
+
+    def sampling_for(self, prompt: Prompt) -> dict[str, Any]:
+        params = dict(self.sampling)
+        if prompt.max_tokens is not None:
+            params["max_tokens"] = prompt.max_tokens
+        return params
+
+    def request_hash(self, prompt: Prompt) -> str:
+        """Identity of one request: its text and effective sampling parameters (not its key)."""
+        return digest({"prompt": prompt.text, "sampling": self.sampling_for(prompt)})
+
+    def identity(self) -> dict[str, Any]:
+        """The `suite` fingerprint component: every request key with its request hash."""
+        return {"requests": {p.key: self.request_hash(p) for p in self.prompts}}
+
+    @property
+    def locations(self) -> dict[str, str]:
+        """Request key -> 'file:line', for reports that point users at the prompt."""
+        return {p.key: f"{self.prompts_file}:{p.line}" for p in self.prompts}
+
+
+def _fail(where: str, message: str, fix: str) -> ConfigError:
+    return ConfigError(f"{where}: {message}", fix=fix)
+
+
+def _check_keys(table: dict, allowed: set[str], where: str, section: str) -> None:
+    import difflib
+
+    for key in table:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            hint = f"did you mean `{close[0]}`?" if close else f"allowed keys: {', '.join(sorted(allowed))}"
+            raise _fail(where, f"unknown key `{section}{key}`", hint)
+
+
+def _typed(table: dict, key: str, types, where: str, section: str, default=None):
+    if key not in table:
+        return default
+    value = table[key]
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise _fail(where, f"`{section}{key}` must be {_type_name(types)}, got a boolean", f"set `{key}` to a {_type_name(types)}")
+    if not isinstance(value, types):
+        raise _fail(
+            where, f"`{section}{key}` must be {_type_name(types)}, got {type(value).__name__} {value!r}",
+            f"set `{key}` to a {_type_name(types)}",
+        )
+    return value
+
+
+def _type_name(types) -> str:
+    types = types if isinstance(types, tuple) else (types,)
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list", dict: "a table"}
+    return " or ".join(dict.fromkeys(names.get(t, t.__name__) for t in types))
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: suite file not found", fix="pass the path of an existing suite TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read suite file ({exc.strerror})", fix="check the path and its permissions") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 (byte {exc.start})", fix="save the suite file as UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: malformed TOML: {exc}", fix="fix the TOML syntax at the position shown") from None
+
+
+def find_suite(path: str | Path | None = None) -> Path:
+    """The suite file to use: the given path, else ./evalgate.toml, else ./pyproject.toml with [tool.evalgate]."""
+    if path is not None:
+        return Path(path)
+    for candidate in (Path("evalgate.toml"), Path("pyproject.toml")):
+        if candidate.is_file() and (candidate.name != "pyproject.toml" or "[tool.evalgate" in candidate.read_text(errors="replace")):
+            return candidate
+    raise ConfigError("no suite file given and none found (evalgate.toml or [tool.evalgate] in pyproject.toml)",
+                      fix="pass the suite file: evalgate check path/to/suite.toml")
+
+
+def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
+    """Load and validate a suite file; `database` (e.g. --db) overrides the file's database URL, relative to the cwd."""
+    path = Path(path).resolve()
+    data = _read_toml(path)
+    where = str(path)
+    prefix = ""
+    if path.name == "pyproject.toml":
+        data = data.get("tool", {}).get("evalgate")
+        prefix = "tool.evalgate."
+        if data is None:
+            raise ConfigError(f"{where}: no [tool.evalgate] table", fix="add a [tool.evalgate] table (see docs/suite.md)")
+    root = path.parent
+
+    _check_keys(data, {"suite", "engine", "sampling", "prompts", "schedule"}, where, prefix)
+    tables = {}
+    for name in ("suite", "engine", "sampling", "prompts", "schedule"):
+        value = data.get(name, {})
+        if not isinstance(value, dict):
+            raise _fail(where, f"`{prefix}{name}` must be a table", f"write it as [{prefix}{name}]")
+        tables[name] = value
+
+    suite_t = tables["suite"]
+    _check_keys(suite_t, {"name", "database", "code_paths"}, where, f"{prefix}suite.")
+    name = _typed(suite_t, "name", str, where, f"{prefix}suite.", default=path.parent.name if prefix else path.stem)
+    db_url = _typed(suite_t, "database", str, where, f"{prefix}suite.", default=DEFAULT_DATABASE)
+    code_paths = []
+    for item in _typed(suite_t, "code_paths", list, where, f"{prefix}suite.", default=[]):
+        if not isinstance(item, str):
+            raise _fail(where, f"`{prefix}suite.code_paths` entries must be strings, got {item!r}", "list paths as strings")
+        p = (root / item).resolve()
+        if not p.exists():
+            raise _fail(where, f"`{prefix}suite.code_paths` entry {item!r} does not exist ({p})", "fix or remove the path")
+        code_paths.append(p)
+
+    engine_t = dict(tables["engine"])
+    sec = f"{prefix}engine."
+    kind = _typed(engine_t, "kind", str, where, sec, default="vllm")
+    if kind not in ENGINE_KINDS:
+        raise _fail(where, f"`{sec}kind` is {kind!r}", f"use one of: {', '.join(ENGINE_KINDS)}")
+    model_s = _typed(engine_t, "model", str, where, sec)
+    if not model_s:
+        raise _fail(where, f"`{sec}model` is missing", "set it to a local model directory (config.json + weights)")
+    model = (root / model_s).resolve()
+    if not model.is_dir() or not (model / "config.json").is_file():
+        raise _fail(
+            where, f"`{sec}model`: {model} is not a model directory (no config.json)",
+            "point it at a local Hugging Face model directory; `evalgate build-model DIR` builds a tiny one",
+        )
+    tok_s = _typed(engine_t, "tokenizer", str, where, sec)
+    tokenizer = (root / tok_s).resolve() if tok_s else None
+    if tokenizer is not None and not tokenizer.is_dir():
+        raise _fail(where, f"`{sec}tokenizer`: {tokenizer} is not a directory", "point it at a tokenizer directory")
+    batch_invariant = _typed(engine_t, "batch_invariant", bool, where, sec, default=True)
+    engine_args = {k: v for k, v in engine_t.items() if k not in ENGINE_OWN_KEYS}
+
+    sampling_t = tables["sampling"]
+    sec = f"{prefix}sampling."
+    _check_keys(sampling_t, set(SAMPLING_KEYS), where, sec)
+    sampling: dict[str, Any] = {"temperature": 0.0, "max_tokens": 32, "logprobs": 5}
+    for key, types in SAMPLING_KEYS.items():
+        value = _typed(sampling_t, key, types, where, sec)
+        if value is not None:
+            sampling[key] = value
+    if sampling["max_tokens"] < 1:
+        raise _fail(where, f"`{sec}max_tokens` must be >= 1", "set max_tokens to a positive integer")
+    if sampling["logprobs"] < 2:
+        raise _fail(where, f"`{sec}logprobs` must be >= 2", "evalgate needs the top-2 logprobs for margins; use 2 or more")
+    if float(sampling["temperature"]) > 0 and "seed" not in sampling:
+        raise _fail(where, f"`{sec}temperature` > 0 without `{sec}seed`", "set a sampling seed, or temperature = 0")
+    sampling["temperature"] = float(sampling["temperature"])
+
+    prompts_t = tables["prompts"]
+    sec = f"{prefix}prompts."
+    _check_keys(prompts_t, {"file"}, where, sec)
+    file_s = _typed(prompts_t, "file", str, where, sec)
+    if not file_s:
+        raise _fail(where, f"`{sec}file` is missing", "set it to a JSONL file of {\"id\": ..., \"prompt\": ...} lines")
+    prompts_file = (root / file_s).resolve()
+    if not prompts_file.is_file():
+        state = "is a directory" if prompts_file.is_dir() else "does not exist"
+        raise _fail(where, f"`{sec}file`: {prompts_file} {state}", "set it to an existing JSONL file (relative to the suite file)")
+    prompts = load_prompts(prompts_file)
+
+    sched_t = tables["schedule"]
+    sec = f"{prefix}schedule."
+    _check_keys(sched_t, {"concurrency", "shuffles", "repeats", "seed"}, where, sec)
+    concurrency = _typed(sched_t, "concurrency", list, where, sec, default=[1, 8])
+    if not concurrency or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in concurrency):
+        raise _fail(where, f"`{sec}concurrency` must be a non-empty list of positive integers", "e.g. concurrency = [1, 8, 32]")
+    schedule = Schedule(
+        concurrency=tuple(concurrency),
+        shuffles=_typed(sched_t, "shuffles", int, where, sec, default=1),
+        repeats=_typed(sched_t, "repeats", int, where, sec, default=1),
+        seed=_typed(sched_t, "seed", int, where, sec, default=0),
+    )
+    if schedule.shuffles < 0 or schedule.repeats < 1:
+        raise _fail(where, f"`{sec}shuffles` must be >= 0 and `{sec}repeats` >= 1", "fix the schedule counts")
+
+    # A database from the file is relative to the file; one given on the command line (--db), to the cwd.
+    db = resolve_database_url(database, Path.cwd()) if database else resolve_database_url(db_url, root)
+    return Suite(
+        name=name, path=path, model=model, tokenizer=tokenizer, engine_kind=kind, batch_invariant=batch_invariant,
+        engine_args=engine_args, sampling=sampling, prompts_file=prompts_file, prompts=prompts, schedule=schedule,
+        code_paths=code_paths, database=db,
+    )
+
+
+def resolve_database_url(url: str, root: Path) -> str:
+    """SQLite paths in a suite file are relative to the suite file's directory."""
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and url != "sqlite:///:memory:":
+        return "sqlite:///" + str((root / url[len("sqlite:///"):]).resolve())
+    if "://" not in url:  # a bare path
+        return "sqlite:///" + str((root / url).resolve())
+    return url
+
+
+def load_prompts(path: Path) -> list[Prompt]:
+    """Read a JSONL prompts file: one {"id", "prompt", optional "max_tokens", "metadata"} object per line."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: prompts file not found", fix="set [prompts].file to an existing JSONL file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read prompts file ({exc.strerror})", fix="check the path and its permissions") from None
+    prompts: list[Prompt] = []
+    seen: dict[str, int] = {}
+    for lineno, line in enumerate(raw.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{where}: not UTF-8 (byte {exc.start} of the line)", fix="save the prompts file as UTF-8") from None
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})", fix="write one JSON object per line") from None
+        if not isinstance(obj, dict):
+            raise ConfigError(f"{where}: expected a JSON object", fix='write {"id": ..., "prompt": ...}')
+        unknown = set(obj) - PROMPT_KEYS
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown field(s) {', '.join(sorted(unknown))}",
+                fix="allowed: id, prompt, max_tokens, metadata (put anything else under `metadata`)",
+            )
+        key = obj.get("id")
+        if isinstance(key, bool) or not isinstance(key, (str, int)) or str(key) == "":
+            raise ConfigError(f"{where}: field `id` must be a non-empty string or integer", fix="give every prompt a unique id")
+        key = str(key)
+        if key in seen:
+            raise ConfigError(f"{where}: duplicate id {key!r} (first on line {seen[key]})", fix="make every id unique")
+        seen[key] = lineno
+        prompt = obj.get("prompt")
+        if not isinstance(prompt, str) or prompt == "":
+            raise ConfigError(f"{where}: field `prompt` must be a non-empty string", fix="write the prompt text")
+        if "\x00" in prompt:
+            raise ConfigError(f"{where}: field `prompt` contains a NUL character", fix="remove NUL characters")
+        max_tokens = obj.get("max_tokens")
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ConfigError(f"{where}: field `max_tokens` must be a positive integer", fix="fix or remove max_tokens")
+        prompts.append(Prompt(key=key, text=prompt, max_tokens=max_tokens, line=lineno))
+    if not prompts:
+        raise ConfigError(f"{path}: prompts file is empty", fix='add lines like {"id": "p1", "prompt": "Hello"}')
+    return prompts

