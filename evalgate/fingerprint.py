@@ -36,7 +36,9 @@ ENV_PREFIXES = ("VLLM_", "CUDA_", "NCCL_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", 
                 "PYTORCH_", "NVIDIA_", "HIP_", "ROCM_", "DNNL_", "ONEDNN_", "XLA_", "GOMP_", "TF32")
 ENV_IGNORED = re.compile(r"(CACHE_ROOT|CACHE_DIR|_CACHE$|LOGGING|LOG_LEVEL|_LOG$|_HOST|_PORT|_URL|USAGE_|RPC_|"
                          r"NO_USAGE_STATS|DO_NOT_TRACK|CONFIG_ROOT|_TMP|TMPDIR|ASSETS_|_IDENT$|SHM_|_BUFFER_NAME)")
-SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|AUTH|CREDENTIAL)", re.IGNORECASE)
+# Secret-looking names: SECRET/PASSWORD/AUTH/CREDENTIAL anywhere, KEY/TOKEN as the last word (HF_TOKEN,
+# VLLM_API_KEY); numeric knobs such as VLLM_MULTI_STREAM_GEMM_TOKEN_THRESHOLD stay visible and hashed.
+SECRET_NAME = re.compile(r"(SECRET|PASSWORD|PASSWD|AUTH|CREDENTIAL|APIKEY|(^|_)(KEY|TOKEN)S?$)", re.IGNORECASE)
 REDACTED = "<redacted>"
 
 ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16",

@@ -224,14 +224,14 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     for key, types in SAMPLING_KEYS.items():
         value = _typed(sampling_t, key, types, where, sec)
         if value is not None:
-            sampling[key] = value
+            # 1 and 1.0 must hash alike: numbers of float-valued parameters are stored as floats.
+            sampling[key] = float(value) if isinstance(types, tuple) and float in types else value
     if sampling["max_tokens"] < 1:
         raise _fail(where, f"`{sec}max_tokens` must be >= 1", "set max_tokens to a positive integer")
     if sampling["logprobs"] < 2:
         raise _fail(where, f"`{sec}logprobs` must be >= 2", "evalgate needs the top-2 logprobs for margins; use 2 or more")
     if float(sampling["temperature"]) > 0 and "seed" not in sampling:
         raise _fail(where, f"`{sec}temperature` > 0 without `{sec}seed`", "set a sampling seed, or temperature = 0")
-    sampling["temperature"] = float(sampling["temperature"])
 
     prompts_t = tables["prompts"]
     sec = f"{prefix}prompts."

@@ -129,6 +129,12 @@ def test_env_snapshot_redacts_secret_looking_names(name):
     assert secret not in json.dumps(component(snap))
 
 
+@pytest.mark.parametrize("name", ["VLLM_MULTI_STREAM_GEMM_TOKEN_THRESHOLD", "VLLM_MAX_TOKENS_PER_EXPERT_FP4_MOE",
+                                  "VLLM_USE_FASTOKENS", "VLLM_KEYED_CACHE_SIZE"])
+def test_numeric_knobs_with_token_or_key_inside_the_name_stay_visible(name):
+    assert env_snapshot({name: "64"}) == {name: "64"}
+
+
 def test_env_snapshot_reads_os_environ(monkeypatch):
     monkeypatch.setenv("VLLM_TEST_KNOB_XYZ", "7")
     monkeypatch.setenv("VLLM_TEST_API_KEY", "hunter2")

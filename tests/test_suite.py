@@ -397,3 +397,19 @@ def test_with_overrides():
     s = Schedule(concurrency=(1, 8), shuffles=1, repeats=1, seed=3)
     assert with_overrides(s) == s
     assert with_overrides(s, concurrency=[2, 4], shuffles=0, repeats=2) == Schedule((2, 4), 0, 2, 3)
+
+
+def test_integer_and_float_spellings_of_a_float_parameter_hash_alike(tmp_path):
+    from evalgate.suite import load_suite
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (tmp_path / "p.jsonl").write_text('{"id": 1, "prompt": "hi"}\n')
+    hashes = []
+    for spelling in ("1", "1.0"):
+        suite_file = tmp_path / f"s{len(hashes)}.toml"
+        suite_file.write_text(f'[engine]\nmodel = "m"\n[sampling]\ntop_p = {spelling}\n[prompts]\nfile = "p.jsonl"\n')
+        suite = load_suite(suite_file)
+        hashes.append(suite.request_hash(suite.prompts[0]))
+    assert hashes[0] == hashes[1]

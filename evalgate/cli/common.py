@@ -51,15 +51,15 @@ def handled(fn):
 
 
 def open_store_for(db: str | None, suite_path: Path | None):
-    """The store named by --db, else by the suite file, else the default under ./baselines."""
+    """The existing store named by --db, else by the suite file, else the default under ./baselines."""
     from ..store import open_store
     from ..suite import DEFAULT_DATABASE, load_suite, resolve_database_url
 
     if db:
-        return open_store(resolve_database_url(db, Path.cwd()))
+        return open_store(resolve_database_url(db, Path.cwd()), create=False)
     if suite_path is not None or Path("evalgate.toml").is_file():
-        return open_store(load_suite(suite_path or Path("evalgate.toml")).database)
-    return open_store(resolve_database_url(DEFAULT_DATABASE, Path.cwd()))
+        return open_store(load_suite(suite_path or Path("evalgate.toml")).database, create=False)
+    return open_store(resolve_database_url(DEFAULT_DATABASE, Path.cwd()), create=False)
 
 
 def parse_levels(value: str | None) -> list[int] | None:

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from .. import gate
+from ..engines import check_engine_config
 from ..fingerprint import describe_changes
 from ..reports.json_report import write_json
 from ..reports.terminal import render_report
@@ -25,6 +26,7 @@ JsonOpt = typer.Option(None, "--json-report", help="Also write the report as JSO
 
 def _run(kind: str, suite_file, db, concurrency, shuffles, repeats, json_report, **kwargs):
     suite = load_suite(find_suite(suite_file), database=db)
+    check_engine_config(suite)
     store = open_store(suite.database)
     schedule = gate.resolve_schedule(suite, parse_levels(concurrency), shuffles, repeats)
     progress, update = progress_bar()

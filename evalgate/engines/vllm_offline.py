@@ -50,6 +50,20 @@ def known_engine_args() -> set[str]:
     return {f.name for f in dataclasses.fields(EngineArgs)}
 
 
+def check_engine_args(suite: Suite) -> None:
+    """Every pass-through key of [engine] must be a vLLM EngineArgs field (checked before anything is written)."""
+    import difflib
+
+    known = known_engine_args()
+    for key in suite.engine_args:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            raise ConfigError(
+                f"{suite.path}: unknown vLLM engine argument `engine.{key}`",
+                fix=f"did you mean `{close[0]}`?" if close else "see vllm.engine.arg_utils.EngineArgs for the names",
+            )
+
+
 class VllmOfflineEngine:
     kind = "vllm"
 
@@ -57,7 +71,7 @@ class VllmOfflineEngine:
         self.suite = suite
         vllm = _import_vllm()
         self.version = vllm.__version__
-        self._check_args()
+        check_engine_args(suite)
         self.platform = _platform_name()
         self.invariance = self._arrange_batch_invariance()
         # vLLM needs an explicit KV-cache size on CPU; a small default keeps the footprint modest.
@@ -74,20 +88,6 @@ class VllmOfflineEngine:
         if self.invariance["requested"] and self.platform in INVARIANCE_PLATFORMS:
             self.invariance["in_force"] = _invariance_active()
         self.tokenizer = self.llm.get_tokenizer()
-
-    def _check_args(self) -> None:
-        import difflib
-
-        known = known_engine_args()
-        for key in self.suite.engine_args:
-            if key in ("model", "tokenizer"):
-                continue
-            if key not in known:
-                close = difflib.get_close_matches(key, sorted(known), n=1)
-                raise ConfigError(
-                    f"{self.suite.path}: unknown vLLM engine argument `engine.{key}`",
-                    fix=f"did you mean `{close[0]}`?" if close else "see vllm.engine.arg_utils.EngineArgs for the names",
-                )
 
     def _arrange_batch_invariance(self) -> dict[str, Any]:
         requested = self.suite.batch_invariant

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..errors import ConfigError, StoreError
 from ..fingerprint import fingerprint_hash
 from ..records import Completion, pack_floats, pack_ids, unpack_floats, unpack_ids
-from .db import make_engine, migrate
+from .db import make_engine, migrate, sqlite_path
 from .models import Baseline, Fingerprint, Output, Request, Run, Verdict, utcnow
 
 
@@ -173,7 +173,8 @@ class Store:
         run = self.get_run(run_id)
         with self.session() as s:
             fp = s.get(Fingerprint, run.fingerprint_hash)
-            requests = {r.key: r for r in s.scalars(select(Request).where(Request.run_id == run_id))}
+            q = select(Request).where(Request.run_id == run_id).order_by(Request.id)  # prompts-file order
+            requests = {r.key: r for r in s.scalars(q)}
             outputs: dict[str, list[Completion]] = defaultdict(list)
             rows = s.scalars(select(Output).where(Output.run_id == run_id).order_by(Output.pass_index, Output.id))
             for o in rows:
@@ -189,7 +190,12 @@ class Store:
         return RunRecord(run=run, fingerprint=fp.components if fp else {}, requests=requests, outputs=dict(outputs))
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, *, create: bool = True) -> Store:
+    """Open (and migrate) a store; with create=False a missing SQLite file is an error, not a new database."""
+    path = sqlite_path(url)
+    if not create and path is not None and not path.exists():
+        raise ConfigError(f"no evalgate database at {path}",
+                          fix="pass --db or --suite naming an existing database (see `evalgate baseline create`)")
     return Store(url)
 
 

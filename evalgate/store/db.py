@@ -8,7 +8,7 @@ newer evalgate.
 
 from __future__ import annotations
 
-import shutil
+import sqlite3
 from pathlib import Path
 
 from sqlalchemy import create_engine, event, inspect
@@ -19,6 +19,8 @@ from ..errors import ConfigError, StoreError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 60_000
+# Tables every evalgate schema revision has: a database with none of them is some other application's.
+EVALGATE_TABLES = {"runs", "outputs"}
 
 
 def migrations_dir() -> Path:
@@ -76,8 +78,9 @@ def make_engine(url: str) -> Engine:
         def _sqlite_pragmas(dbapi_conn, _record):
             cur = dbapi_conn.cursor()
             cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
+            # journal_mode=WAL is persistent and rewrites the file header: migrate() sets it only once the
+            # file is known to be an evalgate database, so a refused file is left byte-identical.
             cur.close()
 
         return engine
@@ -90,12 +93,50 @@ def make_engine(url: str) -> Engine:
 def migrate(engine: Engine, url: str) -> None:
     """Bring the schema to head; refuse foreign or newer databases; back up SQLite files before upgrading."""
     from alembic import command
-    from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
     where = str(sqlite_path(url) or url)
     script = ScriptDirectory.from_config(_alembic_config())
     head = script.get_current_head()
+    try:
+        current = _identify(engine, script, where, head)
+    except ConfigError:
+        engine.dispose()  # close the file: a refused database keeps no -wal/-shm companions either
+        raise
+    path = sqlite_path(url)
+    if path is not None:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+    if current == head:
+        return
+    if current is not None and path is not None and path.exists():
+        _backup_sqlite(path, path.with_name(f"{path.name}.backup-{current}"))
+    try:
+        with engine.begin() as conn:
+            command.upgrade(_alembic_config(conn), "head")
+    except OperationalError as exc:
+        raise StoreError(f"{where}: could not migrate the database: {exc.orig}") from None
+
+
+def _backup_sqlite(path: Path, backup: Path) -> None:
+    """A consistent copy through SQLite's backup API: a plain file copy would miss transactions that are
+    committed but still in the -wal file (another process has the database open, or one crashed)."""
+    backup.unlink(missing_ok=True)
+    src = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000)
+    try:
+        dst = sqlite3.connect(backup)
+        try:
+            src.backup(dst)
+        finally:
+            dst.close()
+    finally:
+        src.close()
+
+
+def _identify(engine: Engine, script, where: str, head: str) -> str | None:
+    """The database's schema revision (None: empty); ConfigError for foreign or newer databases. Read-only."""
+    from alembic.runtime.migration import MigrationContext
+
     try:
         with engine.connect() as conn:
             tables = set(inspect(conn).get_table_names())
@@ -114,18 +155,14 @@ def migrate(engine: Engine, url: str) -> None:
         try:
             script.get_revision(current)
         except Exception:
+            if not EVALGATE_TABLES & tables:  # another application's Alembic-managed database
+                raise ConfigError(
+                    f"{where}: this database is not an evalgate database (schema revision {current}, "
+                    f"tables {', '.join(sorted(tables))})",
+                    fix="use a separate database for evalgate",
+                ) from None
             raise ConfigError(
                 f"{where}: written by a newer evalgate (schema revision {current}; this evalgate knows up to {head})",
                 fix="upgrade evalgate (pip install -U evalgate-vllm), or use another database",
             ) from None
-    if current == head:
-        return
-    path = sqlite_path(url)
-    if current is not None and path is not None and path.exists():
-        backup = path.with_name(f"{path.name}.backup-{current}")
-        shutil.copy2(path, backup)
-    try:
-        with engine.begin() as conn:
-            command.upgrade(_alembic_config(conn), "head")
-    except OperationalError as exc:
-        raise StoreError(f"{where}: could not migrate the database: {exc.orig}") from None
+    return current
