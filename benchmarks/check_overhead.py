@@ -65,13 +65,14 @@ shuffles = 0
         other = total - sum(timings.values())
         rows.append((preset, total, timings, other, report.counts))
 
-    print(f"{'model':6} {'total s':>8} {'engine load':>12} {'inference':>10} {'evalgate':>9} {'other':>7} {'evalgate %':>10}")
+    print(f"{'model':6} {'total s':>8} {'engine load':>12} {'inference':>10} {'engine close':>13} "
+          f"{'evalgate':>9} {'other':>7} {'evalgate %':>10}")
     for preset, total, t, other, counts in rows:
         own = t.get("evalgate", 0.0)
         print(f"{preset:6} {total:8.2f} {t.get('engine_load', 0):12.2f} {t.get('inference', 0):10.2f} "
-              f"{own:9.3f} {other:7.3f} {100 * own / total:9.2f}%")
-    print(f"({args.prompts} prompts x {args.max_tokens} tokens, concurrency {concurrency}; 'other' = engine "
-          "shutdown and Python overhead outside the timed phases)")
+              f"{t.get('engine_close', 0):13.2f} {own:9.3f} {other:7.3f} {100 * own / total:9.2f}%")
+    print(f"({args.prompts} prompts x {args.max_tokens} tokens, concurrency {concurrency}; evalgate = tokenize, "
+          "fingerprint, store, load, compare, judge; other = baseline lookup and time outside the timed phases)")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ def _run_and_judge(suite: Suite, store: Store, *, kind: str, schedule: Schedule 
     try:
         run_id = execute(suite, store, engine, kind=kind, schedule=schedule, timings=timings, progress=progress)
     finally:
+        t0 = time.perf_counter()
         engine.close()
+        timings.add("engine_close", time.perf_counter() - t0)
     try:
         t0 = time.perf_counter()
         current = store.load(run_id)

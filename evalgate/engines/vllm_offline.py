@@ -8,6 +8,7 @@ and records "requested, not in force" in the engine identity.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from ..errors import ConfigError, EngineError, MissingDependency
@@ -24,6 +25,7 @@ def _import_vllm():
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     # vLLM's INFO logs would drown the report; read once at import.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
     try:
         import vllm
     except ImportError:
