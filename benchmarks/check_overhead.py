@@ -26,7 +26,6 @@ def main() -> None:
 
     from evalgate import gate
     from evalgate.runner import Timings
-    from evalgate.store import open_store
     from evalgate.suite import load_suite
     from evalgate.tinymodel import cached_model
 
@@ -56,23 +55,23 @@ concurrency = {concurrency}
 shuffles = 0
 """)
         suite = load_suite(work / "suite.toml")
-        store = open_store(suite.database)
-        gate.create_baseline(suite, store, allow_variance=True)
+        gate.create_baseline(suite, allow_variance=True)
         timings = Timings()
         start = time.perf_counter()
-        report = gate.check(suite, store, timings=timings)
+        report = gate.check(suite, timings=timings)
         total = time.perf_counter() - start
         other = total - sum(timings.values())
         rows.append((preset, total, timings, other, report.counts))
 
-    print(f"{'model':6} {'total s':>8} {'engine load':>12} {'inference':>10} {'engine close':>13} "
-          f"{'evalgate':>9} {'other':>7} {'evalgate %':>10}")
+    print(f"{'model':6} {'total s':>8} {'engine load':>12} {'inference':>10} {'evalgate':>9} {'worker+other':>13} "
+          f"{'evalgate %':>10}")
     for preset, total, t, other, counts in rows:
         own = t.get("evalgate", 0.0)
         print(f"{preset:6} {total:8.2f} {t.get('engine_load', 0):12.2f} {t.get('inference', 0):10.2f} "
-              f"{t.get('engine_close', 0):13.2f} {own:9.3f} {other:7.3f} {100 * own / total:9.2f}%")
-    print(f"({args.prompts} prompts x {args.max_tokens} tokens, concurrency {concurrency}; evalgate = tokenize, "
-          "fingerprint, store, load, compare, judge; other = baseline lookup and time outside the timed phases)")
+              f"{own:9.3f} {other:13.3f} {100 * own / total:9.2f}%")
+    print(f"({args.prompts} prompts x {args.max_tokens} tokens, concurrency {concurrency}. engine load = importing "
+          "vLLM and starting it; evalgate = tokenize, fingerprint, store, load, compare, judge; worker+other = "
+          "starting/ending the engine's child process, the baseline lookup, anything outside the timed phases)")
 
 
 if __name__ == "__main__":

@@ -51,15 +51,23 @@ def tokenize_prompts(suite: Suite, engine: Engine) -> dict[str, list[int]]:
     return prompt_ids
 
 
-def execute(suite: Suite, store: Store, engine: Engine, *, kind: str, schedule: Schedule,
-            timings: Timings, progress: Progress | None = None) -> int:
-    """Run every pass of the schedule and store it; returns the run id (status still `running`)."""
+def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Schedule, timings: Timings,
+            progress: Progress | None = None, on_run: Callable[[int], None] | None = None) -> int:
+    """Run every pass of the schedule and store it; returns the run id (status still `running`).
+
+    The database is opened only once the engine is up and every prompt fits, so a configuration error
+    never leaves a database or a run behind."""
+    from .store import open_store
+
     start = time.perf_counter()
     prompt_ids = tokenize_prompts(suite, engine)
     fingerprint = build_fingerprint(suite, engine)
     passes = plan_passes(schedule)
     schedule_record = {**asdict(schedule), "passes": [asdict(p) for p in passes]}
+    store = open_store(url)
     run_id = store.create_run(suite, kind, schedule_record, fingerprint, prompt_ids)
+    if on_run:
+        on_run(run_id)
     timings.add("evalgate", time.perf_counter() - start)
     try:
         _run_passes(suite, store, engine, run_id, passes, timings, progress)

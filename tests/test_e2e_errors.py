@@ -85,8 +85,7 @@ def test_prompt_longer_than_context_stores_no_run(cli, tmp_path, tiny_model):
     suite = write_suite(tmp_path, tiny_model, ["short", "word " * 600])
     proc = cli("baseline", "create", suite, check=2)
     assert "prompts.jsonl:2" in proc.stderr and "max_model_len" in proc.stderr
-    with sqlite3.connect(tmp_path / "evalgate.sqlite") as conn:
-        assert conn.execute("select count(*) from runs").fetchone() == (0,)
+    assert not (tmp_path / "evalgate.sqlite").exists()  # checked before the database is opened
 
 
 def test_no_suite_file_found(cli, tmp_path):
@@ -95,7 +94,10 @@ def test_no_suite_file_found(cli, tmp_path):
 
 
 def test_accept_unknown_run(cli, tmp_path, tiny_model):
+    from evalgate.store import open_store
+
     suite = write_suite(tmp_path, tiny_model, ["hello"])
+    open_store(f"sqlite:///{tmp_path / 'evalgate.sqlite'}").engine.dispose()
     proc = cli("baseline", "accept", "42", "--suite", suite, check=2)
     assert "run 42 does not exist" in proc.stderr
 

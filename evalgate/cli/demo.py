@@ -9,7 +9,6 @@ import typer
 from .. import gate
 from ..demo import write_workspace
 from ..reports.terminal import render_report
-from ..store import open_store
 from ..suite import load_suite
 from ..tinymodel import build_model
 from .common import console, handled, progress_bar
@@ -22,13 +21,12 @@ def demo(directory: Path = typer.Option(Path("evalgate-demo"), "--dir", help="Wo
     suite_path = write_workspace(directory)
     console.print(f"suite: {suite_path}")
     suite = load_suite(suite_path)
-    store = open_store(suite.database)
 
     def step(title, fn, **kwargs):
         console.rule(title)
         progress, update = progress_bar()
         with progress:
-            report = fn(suite, store, progress=update, **kwargs)
+            report = fn(suite, progress=update, **kwargs)
         render_report(console, report)
         return report
 

@@ -8,7 +8,6 @@ from typing import Optional
 import typer
 
 from .. import gate
-from ..engines import check_engine_config
 from ..fingerprint import describe_changes
 from ..reports.json_report import write_json
 from ..reports.terminal import render_report
@@ -26,17 +25,16 @@ JsonOpt = typer.Option(None, "--json-report", help="Also write the report as JSO
 
 def _run(kind: str, suite_file, db, concurrency, shuffles, repeats, json_report, **kwargs):
     suite = load_suite(find_suite(suite_file), database=db)
-    check_engine_config(suite)
-    store = open_store(suite.database)
     schedule = gate.resolve_schedule(suite, parse_levels(concurrency), shuffles, repeats)
     progress, update = progress_bar()
     with progress:
         if kind == "baseline":
-            report = gate.create_baseline(suite, store, schedule=schedule, progress=update, **kwargs)
+            report = gate.create_baseline(suite, schedule=schedule, progress=update, **kwargs)
         else:
-            report = gate.check(suite, store, schedule=schedule, progress=update, **kwargs)
+            report = gate.check(suite, schedule=schedule, progress=update, **kwargs)
     changes = {}
     if report.baseline_run_id is not None:
+        store = open_store(suite.database)
         current, baseline = store.load(report.run_id), store.load(report.baseline_run_id)
         changes = describe_changes(baseline.fingerprint, current.fingerprint, report.changed_components)
     render_report(console, report, changes)

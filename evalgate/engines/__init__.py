@@ -21,14 +21,6 @@ class Engine(Protocol):
     def max_model_len(self) -> int: ...
 
 
-def check_engine_config(suite: Suite) -> None:
-    """Validate the engine section against the engine itself, before any database is touched."""
-    if suite.engine_kind == "vllm":
-        from .vllm_offline import check_engine_args
-
-        check_engine_args(suite)
-
-
 def open_engine(suite: Suite) -> Engine:
     if suite.engine_kind == "vllm":
         from .vllm_offline import VllmOfflineEngine

@@ -1,0 +1,118 @@
+"""The engine runs in a supervised child process, one per run.
+
+Why: an engine that crashes (a kernel segfault, the OOM killer, `kill -9`) must not take evalgate with it.
+The parent survives, marks the run incomplete and exits 3, so a crash is never reported as a pass or a
+regression. It also gives every run a pristine process (vLLM writes per-process variables into os.environ
+and keeps global state), and the engine's memory is returned by the process exit instead of a slow
+teardown.
+
+Protocol (child -> parent over a queue): ("run", id) once the run row exists; ("progress", done, total,
+label); then exactly one of ("done", timings), ("error", class name, message, fix) or ("interrupted",).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import queue as queue_module
+import signal
+
+from . import errors
+from .errors import EngineError, EvalgateError
+from .runner import Progress, Timings, execute, load_engine
+from .suite import Schedule, Suite
+
+GRACE_SECONDS = 60  # how long an interrupted child may take to mark its run incomplete
+
+
+def run_in_worker(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings: Timings,
+                  progress: Progress | None = None) -> int:
+    """Execute the suite in a child process; return the run id (status still `running`)."""
+    ctx = multiprocessing.get_context("spawn")
+    messages = ctx.Queue()
+    child = ctx.Process(target=_child_main, args=(suite, url, kind, schedule, messages), name="evalgate-engine")
+    child.start()
+    run_id: int | None = None
+    try:
+        while True:
+            try:
+                message = messages.get(timeout=0.5)
+            except queue_module.Empty:
+                if child.is_alive():
+                    continue
+                try:  # the child may have written its last words just before exiting
+                    message = messages.get(timeout=1)
+                except queue_module.Empty:
+                    raise EngineError(f"the engine process died ({_exit_reason(child.exitcode)}) without "
+                                      "finishing the run; the run is stored as incomplete") from None
+            tag = message[0]
+            if tag == "run":
+                run_id = message[1]
+            elif tag == "progress" and progress:
+                progress(*message[1:])
+            elif tag == "done":
+                timings.update(message[1])
+                child.join()
+                return run_id
+            elif tag == "interrupted":
+                raise KeyboardInterrupt
+            elif tag == "error":
+                _, name, text, fix = message
+                error_class = getattr(errors, name, EngineError)
+                raise error_class(text, fix=fix)
+    except BaseException as exc:
+        _stop(child)
+        if run_id is not None:
+            from .store import open_store
+
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            open_store(url).mark_incomplete(run_id, status, str(exc) or status)
+        raise
+
+
+def _stop(child) -> None:
+    """Give an interrupted child time to record its state, then make sure it is gone."""
+    child.join(GRACE_SECONDS if child.is_alive() else 0)
+    if child.is_alive():
+        child.terminate()
+        child.join(10)
+    if child.is_alive():
+        child.kill()
+        child.join()
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def _child_main(suite: Suite, url: str, kind: str, schedule: Schedule, messages) -> None:
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    code = 0
+    try:
+        timings = Timings()
+        engine = load_engine(suite, timings)  # validates engine args before anything is written
+        execute(suite, url, engine, kind=kind, schedule=schedule, timings=timings,
+                progress=lambda done, total, label: messages.put(("progress", done, total, label)),
+                on_run=lambda run_id: messages.put(("run", run_id)))
+        messages.put(("done", dict(timings)))
+    except KeyboardInterrupt:
+        messages.put(("interrupted",))
+        code = 130
+    except EvalgateError as exc:
+        messages.put(("error", type(exc).__name__, exc.message, exc.fix))
+        code = 1
+    except BaseException as exc:  # anything else from the engine is an infrastructure error
+        messages.put(("error", "EngineError", f"{type(exc).__name__}: {exc}", None))
+        code = 1
+    finally:
+        messages.close()
+        messages.join_thread()
+    sys.exit(code)  # no engine teardown: the process exit returns its memory at once
