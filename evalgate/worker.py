@@ -71,11 +71,10 @@ def run_in_worker(suite: Suite, url: str, *, kind: str, schedule: Schedule, timi
 
 
 def _stop(child) -> None:
-    """Give an interrupted child time to record its state, then make sure it is gone."""
-    child.join(GRACE_SECONDS if child.is_alive() else 0)
+    """Ask the child to stop (SIGTERM: it marks its run incomplete), wait a while, then make sure."""
     if child.is_alive():
         child.terminate()
-        child.join(10)
+        child.join(GRACE_SECONDS)
     if child.is_alive():
         child.kill()
         child.join()
@@ -94,6 +93,9 @@ def _child_main(suite: Suite, url: str, kind: str, schedule: Schedule, messages)
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
+    # Only the parent decides to stop (it forwards SIGTERM): a terminal's Ctrl-C reaches the whole process
+    # group, and a second interrupt here could cut the child's own clean-up short.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, interrupt)
     code = 0
     try:

@@ -10,6 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, inspect, text
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+pytest_plugins = ["pg"]  # tests/pg.py: a throwaway PostgreSQL server when EVALGATE_TEST_POSTGRES=1
 
 # torch on 2 cores: one thread is far faster and keeps CPU numerics repeatable between processes.
 TEST_ENV = {
@@ -51,9 +59,9 @@ class CLI:
                                  f"--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}")
         return proc
 
-    def popen(self, *args: str) -> subprocess.Popen:
+    def popen(self, *args: str, **kwargs) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "evalgate", *map(str, args)], cwd=self.cwd, env=self.env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
 @pytest.fixture
@@ -80,10 +88,103 @@ def small_model(evalgate_home) -> Path:
     return _build("small", 0, evalgate_home)
 
 
+# --- the store under test: SQLite and PostgreSQL ------------------------------------------------------------
+
+SQLITE_IN_SUITE_DIR = "sqlite:///evalgate.sqlite"  # relative: the file next to the suite file
+BACKENDS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def store_backend(request) -> str:
+    """Every test that uses a store fixture runs once per backend; the PostgreSQL run is skipped unless
+    EVALGATE_TEST_POSTGRES=1 (tests/pg.py), and fails instead in CI when it was asked for but cannot run.
+    Module scope, so module-scoped workspaces can share one database per backend."""
+    if request.param == "postgresql":
+        request.getfixturevalue("pg_server")
+    return request.param
+
+
+def new_database(request, backend: str, sqlite_url: str) -> str:
+    """sqlite_url for SQLite; a fresh, empty database for PostgreSQL."""
+    if backend == "sqlite":
+        return sqlite_url
+    return request.getfixturevalue("pg_server").create_database(request.node.name)
+
+
+@pytest.fixture
+def store_url(request, store_backend) -> str:
+    """`[suite].database` for this test's suite files (write_suite's `database`): the SQLite file next to
+    the suite file, or a fresh PostgreSQL database. database_url(suite) gives the URL to read it back."""
+    return new_database(request, store_backend, SQLITE_IN_SUITE_DIR)
+
+
+@pytest.fixture
+def db_url(request, store_backend, tmp_path) -> str:
+    """An absolute URL of a new, empty store, to open directly: tmp_path/e.sqlite or a fresh PostgreSQL
+    database."""
+    return new_database(request, store_backend, f"sqlite:///{tmp_path / 'e.sqlite'}")
+
+
+def database_url(suite: Path) -> str:
+    """The absolute URL of the database a suite file names, resolved as docs/storage.md specifies (a
+    relative SQLite path against the suite file's directory), independently of evalgate's own code."""
+    with open(suite, "rb") as f:
+        database = tomllib.load(f)["suite"]["database"]
+    if database.startswith("sqlite:///") and not database.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(suite).parent / database[len("sqlite:///"):])
+    return database
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL; None for a database server."""
+    return Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
+
+
+def db_exists(url: str) -> bool:
+    """Whether there is anything to read yet: a server database always exists (its tables may not)."""
+    path = sqlite_file(url)
+    return path is None or path.is_file()
+
+
+def _engine(url: str):
+    path = sqlite_file(url)
+    if path is not None and not path.is_file():  # never create a missing SQLite file by reading it
+        raise AssertionError(f"no SQLite database at {path}")
+    return create_engine(url)
+
+
+def db_query(url: str, sql: str, **params) -> list[tuple]:
+    """Rows of one read-only query on either backend."""
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(text(sql), params)]
+    finally:
+        engine.dispose()
+
+
+def db_runs(url: str) -> list[tuple]:
+    return db_query(url, "select id, kind, status, verdict from runs order by id")
+
+
+def db_baselines(url: str) -> list[tuple]:
+    return db_query(url, "select suite_name, run_id from baselines order by suite_name, hardware_class")
+
+
+def db_tables(url: str) -> set[str]:
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            return set(inspect(conn).get_table_names())
+    finally:
+        engine.dispose()
+
+
 def write_suite(directory: Path, model: Path, prompts: list[str] | list[dict], *, dtype: str = "float32",
                 max_tokens: int = 16, concurrency=(1, 4, 16), shuffles: int = 1, extra_engine: str = "",
-                name: str = "test") -> Path:
-    """A suite file plus its prompts file in `directory`; the model is referenced by absolute path."""
+                name: str = "test", database: str = SQLITE_IN_SUITE_DIR) -> Path:
+    """A suite file plus its prompts file in `directory`; the model is referenced by absolute path; the
+    store is `database` (the store_url fixture), by default evalgate.sqlite next to the suite file."""
     directory.mkdir(parents=True, exist_ok=True)
     lines = []
     for i, p in enumerate(prompts):
@@ -93,7 +194,7 @@ def write_suite(directory: Path, model: Path, prompts: list[str] | list[dict], *
     suite.write_text(f"""
 [suite]
 name = "{name}"
-database = "sqlite:///evalgate.sqlite"
+database = "{database}"
 code_paths = ["prompts.jsonl"]
 
 [engine]

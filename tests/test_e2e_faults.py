@@ -98,6 +98,18 @@ def test_sigterm_mid_run(cli, baselined):
     assert_baseline_intact(cli, suite, db)
 
 
+def test_ctrl_c_reaches_the_whole_process_group(cli, baselined):
+    suite, db = baselined
+    proc = cli.popen("check", suite, start_new_session=True)
+    wait_for_running_run(db, proc)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 3, err[-3000:]
+    assert "interrupted" in err and "PASS" not in out and "FAIL" not in out
+    assert rows(db, "select status from runs where id = 2") == [("interrupted",)]
+    assert_baseline_intact(cli, suite, db)
+
+
 def test_two_writers_on_one_sqlite_file(cli, tmp_path, tiny_model):
     suite = write_suite(tmp_path / "ws", tiny_model, PROMPTS[:24], concurrency=(1, 8), shuffles=0)
     first, second = cli.popen("baseline", "create", suite), cli.popen("baseline", "create", suite)
