@@ -7,7 +7,10 @@ names the file, the field (or prompts-file line) and the fix. docs/suite.md docu
 
 from __future__ import annotations
 
+import datetime
 import json
+import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +43,12 @@ SAMPLING_KEYS = {
     "ignore_eos": bool,
 }
 PROMPT_KEYS = {"id", "prompt", "max_tokens", "metadata"}
+
+# Size limits, checked with stat() before anything is read (docs/suite.md, "Limits"): both files are read
+# into memory whole. A suite file is configuration; prompts belong in the prompts file.
+MAX_SUITE_BYTES = 1 << 20  # 1 MiB
+DEFAULT_MAX_PROMPTS_BYTES = 256 << 20  # 256 MiB
+MAX_PROMPTS_ENV = "EVALGATE_MAX_PROMPTS_BYTES"
 
 
 @dataclass(frozen=True)
@@ -134,9 +143,96 @@ def _type_name(types) -> str:
     return " or ".join(dict.fromkeys(names.get(t, t.__name__) for t in types))
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 5] + "...'"
+
+
+def _os_reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def _resolve(root: Path, value: str, where: str, field: str) -> Path:
+    """`root / value`, resolved. A path the OS cannot look at (NUL byte, name too long, symlink loop, no
+    permission) is a ConfigError naming the field; a path that does not exist is returned for the caller to judge."""
+    try:
+        path = (root / value).resolve()
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return path
+    except (OSError, ValueError, RuntimeError) as exc:  # RuntimeError: symlink loop in resolve() (Python < 3.13)
+        raise _fail(where, f"`{field}` = {_short(value)} is not a usable path ({_os_reason(exc)})",
+                    f"set `{field}` to an existing path (relative to the suite file's directory)") from None
+    return path
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):
+        return False
+
+
+def _not_json(value: Any) -> str | None:
+    """Why `value` cannot be part of an identity hash (canonical JSON), or None if it can."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"a non-finite number ({value})"
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return f"a TOML date/time ({value.isoformat()})"
+    if isinstance(value, list):
+        return next((r for r in map(_not_json, value) if r), None)
+    if isinstance(value, dict):
+        return next((r for r in map(_not_json, value.values()) if r), None)
+    return None
+
+
+def _read_capped(path: Path, limit: int, what: str, fix: str) -> bytes:
+    """The file's bytes; refused before reading (stat) when larger than `limit`, and never more than
+    `limit` bytes read even if the file grows or stat() reports no size (pipes, /proc)."""
+    size = path.stat().st_size
+    if size > limit:
+        raise ConfigError(f"{path}: {what} is {size} bytes ({_mib(size)}), over the limit of {limit} bytes "
+                          f"({_mib(limit)})", fix=fix)
+    with path.open("rb") as f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise ConfigError(f"{path}: {what} is over the limit of {limit} bytes ({_mib(limit)})", fix=fix)
+    return raw
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"
+
+
+def max_prompts_bytes(path: Path) -> int:
+    """The prompts-file size limit: $EVALGATE_MAX_PROMPTS_BYTES, else 256 MiB."""
+    value = os.environ.get(MAX_PROMPTS_ENV, "").strip()
+    if not value:
+        return DEFAULT_MAX_PROMPTS_BYTES
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise ConfigError(f"{path}: {MAX_PROMPTS_ENV}={value!r} is not a positive number of bytes",
+                          fix=f"set {MAX_PROMPTS_ENV} to a byte count, e.g. {DEFAULT_MAX_PROMPTS_BYTES}, or unset it")
+    return limit
+
+
 def _read_toml(path: Path) -> dict:
     try:
-        raw = path.read_bytes()
+        raw = _read_capped(path, MAX_SUITE_BYTES, "the suite file",
+                           fix="a suite file is configuration only: keep prompts in the [prompts].file JSONL file "
+                               "and remove anything else that makes it this large")
     except FileNotFoundError:
         raise ConfigError(f"{path}: suite file not found", fix="pass the path of an existing suite TOML file") from None
     except OSError as exc:
@@ -149,6 +245,9 @@ def _read_toml(path: Path) -> dict:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: malformed TOML: {exc}", fix="fix the TOML syntax at the position shown") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: malformed TOML: arrays or inline tables nested too deeply",
+                          fix="flatten the nesting (a suite needs at most a few levels)") from None
 
 
 def find_suite(path: str | Path | None = None) -> Path:
@@ -164,15 +263,21 @@ def find_suite(path: str | Path | None = None) -> Path:
 
 def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     """Load and validate a suite file; `database` (e.g. --db) overrides the file's database URL, relative to the cwd."""
-    path = Path(path).resolve()
+    try:
+        path = Path(path).resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: symlink loop (Python < 3.13)
+        raise ConfigError(f"{path}: cannot read suite file ({_os_reason(exc)})", fix="check the path") from None
     data = _read_toml(path)
     where = str(path)
     prefix = ""
     if path.name == "pyproject.toml":
-        data = data.get("tool", {}).get("evalgate")
+        tool = data.get("tool", {})
+        data = tool.get("evalgate") if isinstance(tool, dict) else None
         prefix = "tool.evalgate."
         if data is None:
             raise ConfigError(f"{where}: no [tool.evalgate] table", fix="add a [tool.evalgate] table (see docs/suite.md)")
+        if not isinstance(data, dict):
+            raise _fail(where, "`tool.evalgate` must be a table", "write it as [tool.evalgate] with tables below it")
     root = path.parent
 
     _check_keys(data, {"suite", "engine", "sampling", "prompts", "schedule"}, where, prefix)
@@ -191,7 +296,7 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     for item in _typed(suite_t, "code_paths", list, where, f"{prefix}suite.", default=[]):
         if not isinstance(item, str):
             raise _fail(where, f"`{prefix}suite.code_paths` entries must be strings, got {item!r}", "list paths as strings")
-        p = (root / item).resolve()
+        p = _resolve(root, item, where, f"{prefix}suite.code_paths")
         if not p.exists():
             raise _fail(where, f"`{prefix}suite.code_paths` entry {item!r} does not exist ({p})", "fix or remove the path")
         code_paths.append(p)
@@ -204,18 +309,22 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     model_s = _typed(engine_t, "model", str, where, sec)
     if not model_s:
         raise _fail(where, f"`{sec}model` is missing", "set it to a local model directory (config.json + weights)")
-    model = (root / model_s).resolve()
-    if not model.is_dir() or not (model / "config.json").is_file():
+    model = _resolve(root, model_s, where, f"{sec}model")
+    if not _is_dir(model) or not _is_file(model / "config.json"):
         raise _fail(
             where, f"`{sec}model`: {model} is not a model directory (no config.json)",
             "point it at a local Hugging Face model directory; `evalgate build-model DIR` builds a tiny one",
         )
     tok_s = _typed(engine_t, "tokenizer", str, where, sec)
-    tokenizer = (root / tok_s).resolve() if tok_s else None
-    if tokenizer is not None and not tokenizer.is_dir():
+    tokenizer = _resolve(root, tok_s, where, f"{sec}tokenizer") if tok_s else None
+    if tokenizer is not None and not _is_dir(tokenizer):
         raise _fail(where, f"`{sec}tokenizer`: {tokenizer} is not a directory", "point it at a tokenizer directory")
     batch_invariant = _typed(engine_t, "batch_invariant", bool, where, sec, default=True)
     engine_args = {k: v for k, v in engine_t.items() if k not in ENGINE_OWN_KEYS}
+    for key, value in engine_args.items():
+        reason = _not_json(value)
+        if reason:  # the engine identity is hashed as canonical JSON; vLLM takes no such values anyway
+            raise _fail(where, f"`{sec}{key}` holds {reason}", "use a string, a finite number, true/false, a list or a table")
 
     sampling_t = tables["sampling"]
     sec = f"{prefix}sampling."
@@ -224,6 +333,12 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     for key, types in SAMPLING_KEYS.items():
         value = _typed(sampling_t, key, types, where, sec)
         if value is not None:
+            if key == "stop" and not all(isinstance(s, str) for s in value):
+                raise _fail(where, f"`{sec}stop` entries must be strings, got {_short(value)}",
+                            'list stop strings, e.g. stop = ["\\n\\n"]')
+            reason = _not_json(value)
+            if reason:  # request hashes are canonical JSON: nan/inf cannot be identity
+                raise _fail(where, f"`{sec}{key}` is {reason}", f"set `{key}` to a finite number")
             # 1 and 1.0 must hash alike: numbers of float-valued parameters are stored as floats.
             sampling[key] = float(value) if isinstance(types, tuple) and float in types else value
     if sampling["max_tokens"] < 1:
@@ -239,9 +354,9 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     file_s = _typed(prompts_t, "file", str, where, sec)
     if not file_s:
         raise _fail(where, f"`{sec}file` is missing", "set it to a JSONL file of {\"id\": ..., \"prompt\": ...} lines")
-    prompts_file = (root / file_s).resolve()
-    if not prompts_file.is_file():
-        state = "is a directory" if prompts_file.is_dir() else "does not exist"
+    prompts_file = _resolve(root, file_s, where, f"{sec}file")
+    if not _is_file(prompts_file):
+        state = "is a directory" if _is_dir(prompts_file) else "does not exist" if not prompts_file.exists() else "is not a regular file"
         raise _fail(where, f"`{sec}file`: {prompts_file} {state}", "set it to an existing JSONL file (relative to the suite file)")
     prompts = load_prompts(prompts_file)
 
@@ -261,7 +376,10 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
         raise _fail(where, f"`{sec}shuffles` must be >= 0 and `{sec}repeats` >= 1", "fix the schedule counts")
 
     # A database from the file is relative to the file; one given on the command line (--db), to the cwd.
-    db = resolve_database_url(database, Path.cwd()) if database else resolve_database_url(db_url, root)
+    if database:
+        db = resolve_database_url(database, Path.cwd(), where="--db")
+    else:
+        db = resolve_database_url(db_url, root, where=f"{where}: `{prefix}suite.database`")
     return Suite(
         name=name, path=path, model=model, tokenizer=tokenizer, engine_kind=kind, batch_invariant=batch_invariant,
         engine_args=engine_args, sampling=sampling, prompts_file=prompts_file, prompts=prompts, schedule=schedule,
@@ -269,19 +387,26 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     )
 
 
-def resolve_database_url(url: str, root: Path) -> str:
+def resolve_database_url(url: str, root: Path, where: str = "database") -> str:
     """SQLite paths in a suite file are relative to the suite file's directory."""
-    if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and url != "sqlite:///:memory:":
-        return "sqlite:///" + str((root / url[len("sqlite:///"):]).resolve())
-    if "://" not in url:  # a bare path
-        return "sqlite:///" + str((root / url).resolve())
+    try:
+        if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and url != "sqlite:///:memory:":
+            return "sqlite:///" + str((root / url[len("sqlite:///"):]).resolve())
+        if "://" not in url:  # a bare path
+            return "sqlite:///" + str((root / url).resolve())
+    except (OSError, ValueError, RuntimeError) as exc:  # NUL byte, symlink loop (Python < 3.13)
+        raise ConfigError(f"{where}: {_short(url)} is not a usable path ({_os_reason(exc)})",
+                          fix="give a SQLite file path or a SQLAlchemy URL, e.g. sqlite:///baselines/evalgate.sqlite") from None
     return url
 
 
 def load_prompts(path: Path) -> list[Prompt]:
     """Read a JSONL prompts file: one {"id", "prompt", optional "max_tokens", "metadata"} object per line."""
+    limit = max_prompts_bytes(path)
     try:
-        raw = path.read_bytes()
+        raw = _read_capped(path, limit, "the prompts file",
+                           fix=f"split the prompts over several suites, or raise the limit: {MAX_PROMPTS_ENV}=<bytes> "
+                               "(the whole file is read into memory)")
     except FileNotFoundError:
         raise ConfigError(f"{path}: prompts file not found", fix="set [prompts].file to an existing JSONL file") from None
     except OSError as exc:
@@ -300,6 +425,10 @@ def load_prompts(path: Path) -> list[Prompt]:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})", fix="write one JSON object per line") from None
+        except ValueError as exc:  # e.g. an integer over Python's 4300-digit conversion limit
+            raise ConfigError(f"{where}: invalid JSON: {exc}", fix="write one JSON object per line") from None
+        except RecursionError:
+            raise ConfigError(f"{where}: invalid JSON: nested too deeply", fix="write one flat JSON object per line") from None
         if not isinstance(obj, dict):
             raise ConfigError(f"{where}: expected a JSON object", fix='write {"id": ..., "prompt": ...}')
         unknown = set(obj) - PROMPT_KEYS
@@ -312,6 +441,9 @@ def load_prompts(path: Path) -> list[Prompt]:
         if isinstance(key, bool) or not isinstance(key, (str, int)) or str(key) == "":
             raise ConfigError(f"{where}: field `id` must be a non-empty string or integer", fix="give every prompt a unique id")
         key = str(key)
+        if _has_surrogate(key):
+            raise ConfigError(f"{where}: field `id` contains an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)",
+                              fix="write the character itself, or a complete surrogate pair")
         if key in seen:
             raise ConfigError(f"{where}: duplicate id {key!r} (first on line {seen[key]})", fix="make every id unique")
         seen[key] = lineno
@@ -320,6 +452,9 @@ def load_prompts(path: Path) -> list[Prompt]:
             raise ConfigError(f"{where}: field `prompt` must be a non-empty string", fix="write the prompt text")
         if "\x00" in prompt:
             raise ConfigError(f"{where}: field `prompt` contains a NUL character", fix="remove NUL characters")
+        if _has_surrogate(prompt):  # not encodable as UTF-8: the tokenizer and the database would fail mid-run
+            raise ConfigError(f"{where}: field `prompt` contains an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)",
+                              fix="write the character itself, or a complete surrogate pair")
         max_tokens = obj.get("max_tokens")
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
             raise ConfigError(f"{where}: field `max_tokens` must be a positive integer", fix="fix or remove max_tokens")
@@ -327,3 +462,11 @@ def load_prompts(path: Path) -> list[Prompt]:
     if not prompts:
         raise ConfigError(f"{path}: prompts file is empty", fix='add lines like {"id": "p1", "prompt": "Hello"}')
     return prompts
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

@@ -3,18 +3,23 @@
 Each failure verdict is produced for real here: batch variance and a silent regression with the 52M bf16
 model (its CPU GEMMs reduce in a different order for 1 row than for many), an explained change by
 swapping the weights at the same path. No engine is mocked.
+
+Every test with a store runs on SQLite and on PostgreSQL (`store_url`, `store_backend`: conftest.py; the
+PostgreSQL runs need EVALGATE_TEST_POSTGRES=1, tests/pg.py). The stored rows are read back through
+SQLAlchemy on either backend; assertions about SQLite's own files run on SQLite only.
 """
 
 from __future__ import annotations
 
 import shutil
-import sqlite3
 import subprocess
 import sys
 
 import pytest
+from sqlalchemy.exc import SQLAlchemyError
 
-from conftest import read_json, write_suite
+from conftest import (SQLITE_IN_SUITE_DIR, database_url, db_baselines, db_exists, db_query, db_runs, read_json,
+                      sqlite_file, write_suite)
 
 pytestmark = pytest.mark.e2e
 
@@ -25,18 +30,18 @@ VARIANCE_PROMPTS = [f"Question {i}: what is the capital of country number {i}? A
                     for i in range(40)]
 
 
-def runs(db) -> list[tuple]:
-    with sqlite3.connect(db) as conn:
-        return conn.execute("select id, kind, status, verdict from runs order by id").fetchall()
+runs, baselines = db_runs, db_baselines  # (id, kind, status, verdict) / (suite_name, run_id) rows, either backend
 
 
-def baselines(db) -> list[tuple]:
-    with sqlite3.connect(db) as conn:
-        return conn.execute("select suite_name, run_id from baselines").fetchall()
+def assert_sqlite_beside_suite(store_backend: str, suite, db: str) -> None:
+    """On SQLite, the relative `sqlite:///evalgate.sqlite` is the file next to the suite file."""
+    if store_backend == "sqlite":
+        assert sqlite_file(db) == suite.parent / "evalgate.sqlite" and sqlite_file(db).is_file()
 
 
-def test_green_path_create_then_check(cli, tmp_path, tiny_model):
-    suite = write_suite(tmp_path / "ws", tiny_model, GREEN_PROMPTS, concurrency=(1, 4, 16), shuffles=1)
+def test_green_path_create_then_check(cli, tmp_path, tiny_model, store_url, store_backend):
+    suite = write_suite(tmp_path / "ws", tiny_model, GREEN_PROMPTS, concurrency=(1, 4, 16), shuffles=1,
+                        database=store_url)
     created = cli("baseline", "create", suite, "--json-report", tmp_path / "create.json", check=0)
     report = read_json(tmp_path / "create.json")
     assert report["counts"]["stable"] == len(GREEN_PROMPTS)
@@ -56,12 +61,12 @@ def test_green_path_create_then_check(cli, tmp_path, tiny_model):
     }
     assert "PASS" in checked.stdout
 
-    db = tmp_path / "ws" / "evalgate.sqlite"
+    db = database_url(suite)
+    assert_sqlite_beside_suite(store_backend, suite, db)
     assert runs(db) == [(1, "baseline", "complete", "pass"), (2, "check", "complete", "pass")]
     # every request at every pass: 3 concurrency levels + 1 shuffled pass
-    with sqlite3.connect(db) as conn:
-        per_pass = conn.execute("select pass_index, concurrency, count(*), max(position) from outputs "
-                                "where run_id = 2 group by pass_index order by pass_index").fetchall()
+    per_pass = db_query(db, "select pass_index, concurrency, count(*), max(position) from outputs "
+                            "where run_id = 2 group by pass_index, concurrency order by pass_index")
     assert per_pass == [(0, 1, 24, 0), (1, 4, 24, 3), (2, 16, 24, 15), (3, 16, 24, 15)]
 
     listed = cli("runs", "list", "--suite", suite, check=0)
@@ -75,10 +80,11 @@ def test_green_path_create_then_check(cli, tmp_path, tiny_model):
     assert baselines(db) == [("test", 2)]
 
 
-def test_explained_change_after_weight_swap(cli, tmp_path, tiny_model):
+def test_explained_change_after_weight_swap(cli, tmp_path, tiny_model, store_url):
     model = tmp_path / "model"
     shutil.copytree(tiny_model, model)
-    suite = write_suite(tmp_path / "ws", model, GREEN_PROMPTS[:8], concurrency=(1, 8), shuffles=0)
+    suite = write_suite(tmp_path / "ws", model, GREEN_PROMPTS[:8], concurrency=(1, 8), shuffles=0,
+                        database=store_url)
     cli("baseline", "create", suite, check=0)
     # same path, other weights: vLLM's own fingerprint would not notice; evalgate's content hash does
     cli("build-model", model, "--seed", "1", check=0)
@@ -97,14 +103,18 @@ def test_explained_change_after_weight_swap(cli, tmp_path, tiny_model):
 
 
 @pytest.fixture(scope="module")
-def variance_workspace(tmp_path_factory, small_model):
-    ws = tmp_path_factory.mktemp("variance")
+def variance_workspace(request, tmp_path_factory, small_model, store_backend):
+    """One workspace (and one database) per backend, shared by the two tests below."""
+    ws = tmp_path_factory.mktemp(f"variance-{store_backend}")
+    database = (SQLITE_IN_SUITE_DIR if store_backend == "sqlite"
+                else request.getfixturevalue("pg_server").create_database(f"variance_{request.module.__name__}"))
     suite = write_suite(ws, small_model, VARIANCE_PROMPTS, dtype="bfloat16", max_tokens=32,
-                        concurrency=(1,), shuffles=0, name="variance")
+                        concurrency=(1,), shuffles=0, name="variance", database=database)
     return ws, suite
 
 
-def test_batch_variance_alone_vs_crowded_fails_and_is_not_promoted(cli, tmp_path, variance_workspace):
+def test_batch_variance_alone_vs_crowded_fails_and_is_not_promoted(cli, tmp_path, variance_workspace,
+                                                                   store_backend):
     ws, suite = variance_workspace
     n = len(VARIANCE_PROMPTS)
     proc = cli("baseline", "create", suite, "--concurrency", f"1,{n}", "--json-report", tmp_path / "r.json")
@@ -120,7 +130,8 @@ def test_batch_variance_alone_vs_crowded_fails_and_is_not_promoted(cli, tmp_path
         assert r["divergence"]["kind"] in ("token", "logprob", "length")
     assert report["promoted"] is False
     assert "batch_variance" in proc.stdout and "NOT promoted" in proc.stdout
-    db = ws / "evalgate.sqlite"
+    db = database_url(suite)
+    assert_sqlite_beside_suite(store_backend, suite, db)
     assert baselines(db) == []
     # nothing to check against: exit 4, before any inference
     cli("check", suite, check=4)
@@ -141,17 +152,18 @@ def test_silent_regression_when_only_a_runtime_knob_changed(cli, tmp_path, varia
     assert "silent_regression" in proc.stdout
 
 
-def test_interrupted_run_is_incomplete_and_never_a_baseline(cli, tmp_path, tiny_model):
+def test_interrupted_run_is_incomplete_and_never_a_baseline(cli, tmp_path, tiny_model, store_url, store_backend):
     import signal
     import time
 
     prompts = [f"{p} ({i})" for i, p in enumerate(GREEN_PROMPTS * 4)]
-    suite = write_suite(tmp_path / "ws", tiny_model, prompts, concurrency=(1,), shuffles=0, max_tokens=32)
-    db = tmp_path / "ws" / "evalgate.sqlite"
+    suite = write_suite(tmp_path / "ws", tiny_model, prompts, concurrency=(1,), shuffles=0, max_tokens=32,
+                        database=store_url)
+    db = database_url(suite)
     proc = cli.popen("baseline", "create", suite)
     deadline = time.time() + 300
     while time.time() < deadline:  # wait until the run is recording
-        if db.exists() and any(r[2] == "running" for r in _safe_runs(db)):
+        if db_exists(db) and any(r[2] == "running" for r in _safe_runs(db)):
             break
         if proc.poll() is not None:
             break
@@ -161,6 +173,7 @@ def test_interrupted_run_is_incomplete_and_never_a_baseline(cli, tmp_path, tiny_
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, err[-3000:]
     assert "interrupted" in err
+    assert_sqlite_beside_suite(store_backend, suite, db)
     assert runs(db) == [(1, "baseline", "interrupted", None)]
     assert baselines(db) == []
     refused = cli("baseline", "accept", "1", "--suite", suite, check=2)
@@ -171,7 +184,7 @@ def test_interrupted_run_is_incomplete_and_never_a_baseline(cli, tmp_path, tiny_
 def _safe_runs(db):
     try:
         return runs(db)
-    except sqlite3.Error:
+    except SQLAlchemyError:  # no tables yet (SQLite file being created, PostgreSQL schema not committed)
         return []
 
 

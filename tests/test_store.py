@@ -1,4 +1,7 @@
-"""The store on SQLite: migrations, refusing foreign or newer databases, run round trips, baselines."""
+"""The store: migrations, refusing foreign or newer databases, run round trips, baselines.
+
+Tests that take `db_url` run on SQLite and on PostgreSQL (the latter with EVALGATE_TEST_POSTGRES=1,
+tests/pg.py); the rest are about SQLite files. PostgreSQL's own refusals: tests/test_store_pg.py."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect
 
+from conftest import db_query, db_tables
+
 from evalgate.errors import ConfigError, ExitCode
 from evalgate.fingerprint import COMPONENTS, component, fingerprint_hash
 from evalgate.records import Completion
@@ -18,7 +23,7 @@ from evalgate.store import RunRecord, Store
 from evalgate.store.db import head_revision
 from evalgate.suite import load_suite
 
-TABLES = {"alembic_version", "fingerprints", "runs", "requests", "outputs", "verdicts", "baselines"}
+TABLES = {"alembic_version", "fingerprints", "runs", "requests", "outputs", "verdicts", "baselines", "scores"}
 
 
 # --- helpers ---------------------------------------------------------------------------------------------
@@ -95,9 +100,8 @@ def test_new_database_is_created_at_head(tmp_path):
     assert {"output_ids", "logprobs", "top_k", "top_ids", "top_logprobs", "digest"} <= cols
 
 
-def test_second_open_is_a_no_op(tmp_path, monkeypatch, suite):
-    path = tmp_path / "e.sqlite"
-    store = Store(url(path))
+def test_second_open_is_a_no_op(db_url, tmp_path, monkeypatch, suite):
+    store = Store(db_url)
     run_id = new_run(store, suite)
     store.engine.dispose()
 
@@ -107,10 +111,10 @@ def test_second_open_is_a_no_op(tmp_path, monkeypatch, suite):
         raise AssertionError("a database at head must not be migrated again")
 
     monkeypatch.setattr(alembic.command, "upgrade", no_upgrade)
-    again = Store(url(path))
+    again = Store(db_url)
     assert again.get_run(run_id).status == "running"
     assert sorted(p.name for p in tmp_path.iterdir() if ".backup-" in p.name) == []
-    assert tables(path) == TABLES
+    assert db_tables(db_url) == TABLES
 
 
 def test_empty_file_is_a_new_database(tmp_path):
@@ -232,8 +236,8 @@ def test_sqlite_file_is_backed_up_before_an_upgrade(tmp_path, monkeypatch, suite
 # --- runs ------------------------------------------------------------------------------------------------
 
 
-def test_run_round_trip_is_bit_exact(tmp_path, suite):
-    store = Store(url(tmp_path / "e.sqlite"))
+def test_run_round_trip_is_bit_exact(db_url, suite):
+    store = Store(db_url)
     fp = fingerprint()
     run_id = new_run(store, suite, fp=fp)
     record = store.load(run_id)
@@ -261,8 +265,8 @@ def test_run_round_trip_is_bit_exact(tmp_path, suite):
             assert got.digest == want.digest
 
 
-def test_outputs_load_in_pass_order(tmp_path, suite):
-    store = Store(url(tmp_path / "e.sqlite"))
+def test_outputs_load_in_pass_order(db_url, suite):
+    store = Store(db_url)
     run_id = store.create_run(suite, "check", {}, fingerprint(), PROMPT_IDS)
     store.add_outputs(run_id, [completion("a", 2), completion("b", 2)])
     store.add_outputs(run_id, [completion("a", 0), completion("b", 0)])
@@ -270,17 +274,16 @@ def test_outputs_load_in_pass_order(tmp_path, suite):
     assert [c.pass_index for c in store.load(run_id).outputs["a"]] == [0, 1, 2]
 
 
-def test_fingerprints_are_content_addressed(tmp_path, suite):
-    store = Store(url(tmp_path / "e.sqlite"))
+def test_fingerprints_are_content_addressed(db_url, suite):
+    store = Store(db_url)
     new_run(store, suite)
     new_run(store, suite)
     new_run(store, suite, fp=fingerprint(env={"OMP_NUM_THREADS": "4"}))
-    with sqlite3.connect(tmp_path / "e.sqlite") as conn:
-        assert conn.execute("select count(*) from fingerprints").fetchone() == (2,)
+    assert db_query(db_url, "select count(*) from fingerprints") == [(2,)]
 
 
-def test_finish_run_stores_verdicts_and_summary(tmp_path, suite):
-    store = Store(url(tmp_path / "e.sqlite"))
+def test_finish_run_stores_verdicts_and_summary(db_url, suite):
+    store = Store(db_url)
     run_id = new_run(store, suite, kind="check")
     verdicts = [{"key": "b", "verdict": "silent_regression", "divergence": {"position": 1}}]
     store.finish_run(run_id, status="complete", verdict="regression", exit_code=1, summary={"stable": 1},
@@ -291,8 +294,8 @@ def test_finish_run_stores_verdicts_and_summary(tmp_path, suite):
     assert store.verdicts(run_id) == verdicts
 
 
-def test_unknown_run_is_a_config_error(tmp_path):
-    store = Store(url(tmp_path / "e.sqlite"))
+def test_unknown_run_is_a_config_error(db_url):
+    store = Store(db_url)
     with pytest.raises(ConfigError, match="run 42 does not exist"):
         store.load(42)
     with pytest.raises(ConfigError, match="run 42 does not exist"):
@@ -302,8 +305,8 @@ def test_unknown_run_is_a_config_error(tmp_path):
 # --- baselines -------------------------------------------------------------------------------------------
 
 
-def test_finishing_with_promote_moves_the_pointer(tmp_path, suite):
-    store = Store(url(tmp_path / "e.sqlite"))
+def test_finishing_with_promote_moves_the_pointer(db_url, suite):
+    store = Store(db_url)
     first = new_run(store, suite)
     assert store.baseline_for("unit", fingerprint()["hardware"]["hash"]) is None
     store.finish_run(first, status="complete", verdict="pass", exit_code=0, promote=True)
@@ -316,8 +319,8 @@ def test_finishing_with_promote_moves_the_pointer(tmp_path, suite):
 
 
 @pytest.mark.parametrize("status", ["running", "failed", "interrupted"])
-def test_promote_refuses_incomplete_runs_and_keeps_the_pointer(tmp_path, suite, status):
-    store = Store(url(tmp_path / "e.sqlite"))
+def test_promote_refuses_incomplete_runs_and_keeps_the_pointer(db_url, suite, status):
+    store = Store(db_url)
     hw = fingerprint()["hardware"]["hash"]
     good = new_run(store, suite)
     store.finish_run(good, status="complete", exit_code=0, promote=True)
@@ -335,8 +338,8 @@ def test_promote_refuses_incomplete_runs_and_keeps_the_pointer(tmp_path, suite, 
     assert store.get_run(bad).status == status  # the refused transaction changed nothing
 
 
-def test_promote_complete_run_later(tmp_path, suite):
-    store = Store(url(tmp_path / "e.sqlite"))
+def test_promote_complete_run_later(db_url, suite):
+    store = Store(db_url)
     run_id = new_run(store, suite, kind="check")
     store.finish_run(run_id, status="complete", exit_code=1)
     assert store.baseline_for("unit", fingerprint()["hardware"]["hash"]) is None
@@ -344,8 +347,8 @@ def test_promote_complete_run_later(tmp_path, suite):
     assert store.baseline_for("unit", fingerprint()["hardware"]["hash"]) == run_id
 
 
-def test_baselines_are_per_suite_and_hardware_class(tmp_path, suite):
-    store = Store(url(tmp_path / "e.sqlite"))
+def test_baselines_are_per_suite_and_hardware_class(db_url, suite):
+    store = Store(db_url)
     on_a = new_run(store, suite, fp=fingerprint("cpu-a"))
     on_b = new_run(store, suite, fp=fingerprint("gpu-b"))
     for run_id in (on_a, on_b):
@@ -362,17 +365,17 @@ def test_baselines_are_per_suite_and_hardware_class(tmp_path, suite):
     assert len(store.baselines("unit")) == 2
 
 
-def test_runs_listing(tmp_path, suite):
-    store = Store(url(tmp_path / "e.sqlite"))
+def test_runs_listing(db_url, suite):
+    store = Store(db_url)
     ids = [new_run(store, suite, passes=0) for _ in range(3)]
     assert [r.id for r in store.runs()] == ids[::-1]
     assert [r.id for r in store.runs("unit", limit=2)] == ids[:0:-1]
     assert store.runs("nope") == []
 
 
-def test_store_survives_json_content(tmp_path, suite):
+def test_store_survives_json_content(db_url, suite):
     """Fingerprint data with nested, non-ASCII content comes back equal."""
-    store = Store(url(tmp_path / "e.sqlite"))
+    store = Store(db_url)
     fp = fingerprint(env={"VLLM_X": "ü ✓", "nested": {"list": [1, 2.5, None, True]}})
     record = store.load(new_run(store, suite, fp=fp, passes=0))
     assert json.dumps(record.fingerprint, sort_keys=True) == json.dumps(fp, sort_keys=True)

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..errors import ConfigError, StoreError
 from ..fingerprint import fingerprint_hash
 from ..records import Completion, pack_floats, pack_ids, unpack_floats, unpack_ids
-from .db import make_engine, migrate, sqlite_path
+from .db import display_url, make_engine, migrate, sqlite_path
 from .models import Baseline, Fingerprint, Output, Request, Run, Verdict, utcnow
 
 
@@ -35,11 +35,25 @@ class RunRecord:
         return self.run.id
 
 
+def _upsert_insert(dialect: str):
+    """The dialect's INSERT that supports ON CONFLICT, or None (then a read-then-write fallback)."""
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    elif dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        return None
+    return insert
+
+
 class Store:
     def __init__(self, url: str):
-        self.url = url
+        self.url = display_url(url)  # for messages: no password
         self.engine = make_engine(url)
         migrate(self.engine, url)
+        # Several evalgate processes may store the same new identity or promote at once: "insert if missing"
+        # must be one statement (INSERT ... ON CONFLICT), which SQLite and PostgreSQL both have.
+        self._upsert_insert = _upsert_insert(self.engine.dialect.name)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
 
     def session(self) -> Session:
@@ -60,9 +74,13 @@ class Store:
     def create_run(self, suite, kind: str, schedule: dict, fingerprint: dict[str, dict],
                    prompt_ids: dict[str, list[int]]) -> int:
         fp_hash = fingerprint_hash(fingerprint)
+        self._check_fits(suite)
 
         def write(s: Session) -> int:
-            if s.get(Fingerprint, fp_hash) is None:
+            if self._upsert_insert:
+                s.execute(self._upsert_insert(Fingerprint).values(hash=fp_hash, components=fingerprint, created_at=utcnow())
+                          .on_conflict_do_nothing(index_elements=["hash"]))
+            elif s.get(Fingerprint, fp_hash) is None:
                 s.add(Fingerprint(hash=fp_hash, components=fingerprint))
             run = Run(suite_name=suite.name, suite_path=str(suite.path), kind=kind, status="running",
                       schedule=schedule, fingerprint_hash=fp_hash, hardware_class=fingerprint["hardware"]["hash"])
@@ -76,6 +94,23 @@ class Store:
             return run.id
 
         return self._write(write)
+
+    def _check_fits(self, suite) -> None:
+        """A database server enforces column lengths and refuses NUL in strings (SQLite does neither):
+        refuse a suite name or prompt id that would not fit, naming it, before anything is written."""
+        if self.engine.dialect.name == "sqlite":
+            return
+        limit = Run.__table__.c.suite_name.type.length
+        if len(suite.name) > limit or "\x00" in suite.name:
+            raise ConfigError(f"{suite.path}: [suite].name is {len(suite.name)} characters; {self.url} holds at most "
+                              f"{limit} (and no NUL characters)", fix="use a shorter suite name")
+        limit = Request.__table__.c.key.type.length
+        locations = suite.locations
+        for p in suite.prompts:
+            if len(p.key) > limit or "\x00" in p.key:
+                raise ConfigError(f"{locations.get(p.key) or suite.path}: prompt id is {len(p.key)} characters; "
+                                  f"{self.url} holds at most {limit} (and no NUL characters)",
+                                  fix="use shorter prompt ids")
 
     def add_outputs(self, run_id: int, completions: list[Completion]) -> None:
         def write(s: Session) -> None:
@@ -120,6 +155,13 @@ class Store:
         if run.status != "complete":
             raise ConfigError(f"run {run.id} is {run.status}, not complete: it cannot become a baseline",
                               fix="promote a complete run (see `evalgate runs list`)")
+        if self._upsert_insert:  # two runners promoting the first baseline at once: the last one wins
+            stmt = self._upsert_insert(Baseline).values(suite_name=run.suite_name, hardware_class=run.hardware_class,
+                                           run_id=run.id, promoted_at=utcnow())
+            s.execute(stmt.on_conflict_do_update(index_elements=["suite_name", "hardware_class"],
+                                                 set_={"run_id": stmt.excluded.run_id,
+                                                       "promoted_at": stmt.excluded.promoted_at}))
+            return
         row = s.scalar(select(Baseline).where(Baseline.suite_name == run.suite_name,
                                               Baseline.hardware_class == run.hardware_class))
         if row is None:
@@ -190,13 +232,21 @@ class Store:
         return RunRecord(run=run, fingerprint=fp.components if fp else {}, requests=requests, outputs=dict(outputs))
 
 
+_open_stores: dict[str, Store] = {}
+
+
 def open_store(url: str, *, create: bool = True) -> Store:
-    """Open (and migrate) a store; with create=False a missing SQLite file is an error, not a new database."""
+    """Open (and migrate) a store, once per URL per process; with create=False a missing SQLite file is
+    an error, not a new database."""
     path = sqlite_path(url)
-    if not create and path is not None and not path.exists():
-        raise ConfigError(f"no evalgate database at {path}",
-                          fix="pass --db or --suite naming an existing database (see `evalgate baseline create`)")
-    return Store(url)
+    if path is not None and not path.exists():
+        _open_stores.pop(url, None)  # deleted or moved since: start afresh
+        if not create:
+            raise ConfigError(f"no evalgate database at {path}",
+                              fix="pass --db or --suite naming an existing database (see `evalgate baseline create`)")
+    if url not in _open_stores:
+        _open_stores[url] = Store(url)
+    return _open_stores[url]
 
 
 __all__ = ["Store", "RunRecord", "open_store", "Run"]

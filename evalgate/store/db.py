@@ -8,17 +8,22 @@ newer evalgate.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
+from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import create_engine, event, inspect
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DatabaseError, OperationalError
 
 from ..errors import ConfigError, StoreError
+from .portable import server_json_dumps, server_json_loads
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 60_000
+# PostgreSQL: one advisory lock (per database) serialises evalgate's identify-and-migrate across processes.
+PG_MIGRATION_LOCK = 0x6576_616C_6761_7465  # "evalgate"
 # Tables every evalgate schema revision has: a database with none of them is some other application's.
 EVALGATE_TABLES = {"runs", "outputs"}
 
@@ -47,6 +52,15 @@ def head_revision() -> str:
     return ScriptDirectory.from_config(_alembic_config()).get_current_head()
 
 
+def display_url(url: str) -> str:
+    """The URL for messages: a password in it is shown as ***."""
+    try:
+        parsed = make_url(url)
+        return parsed.render_as_string(hide_password=True) if parsed.password is not None else url
+    except Exception:
+        return url
+
+
 def sqlite_path(url: str) -> Path | None:
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         return Path(url[len("sqlite:///"):])
@@ -54,18 +68,13 @@ def sqlite_path(url: str) -> Path | None:
 
 
 def _check_sqlite_file(path: Path) -> None:
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return
+    """Only path-level checks: the file's content is identified through SQLite itself (_identify). Never
+    open() the database file here: closing any descriptor of it drops every SQLite lock this process holds
+    on it (POSIX locks are per process), and another process may then delete the -wal file under us."""
     if path.is_dir():
         raise ConfigError(f"{path} is a directory, not an evalgate database", fix="point --db at a file")
-    with path.open("rb") as f:
-        header = f.read(len(SQLITE_MAGIC))
-    if path.stat().st_size and header != SQLITE_MAGIC:
-        raise ConfigError(
-            f"{path}: this file is not an evalgate database (not SQLite)",
-            fix="point the suite's database (or --db) at an evalgate database, or at a new path",
-        )
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
 
 
 def make_engine(url: str) -> Engine:
@@ -85,9 +94,13 @@ def make_engine(url: str) -> Engine:
 
         return engine
     try:
-        return create_engine(url, pool_pre_ping=True)
+        kwargs = {}
+        if make_url(url).get_backend_name() in ("postgresql", "mysql", "mariadb"):
+            # their json types refuse NaN/Infinity, which a broken model's logprobs can put in a verdict
+            kwargs = {"json_serializer": server_json_dumps, "json_deserializer": server_json_loads}
+        return create_engine(url, pool_pre_ping=True, **kwargs)
     except Exception as exc:  # bad URL, missing driver
-        raise ConfigError(f"database URL {url!r}: {exc}", fix="use a SQLAlchemy URL such as sqlite:///baselines/evalgate.sqlite") from None
+        raise ConfigError(f"database URL {display_url(url)!r}: {exc}", fix="use a SQLAlchemy URL such as sqlite:///baselines/evalgate.sqlite") from None
 
 
 def migrate(engine: Engine, url: str) -> None:
@@ -95,27 +108,84 @@ def migrate(engine: Engine, url: str) -> None:
     from alembic import command
     from alembic.script import ScriptDirectory
 
-    where = str(sqlite_path(url) or url)
+    where = str(sqlite_path(url) or display_url(url))
     script = ScriptDirectory.from_config(_alembic_config())
     head = script.get_current_head()
-    try:
-        current = _identify(engine, script, where, head)
-    except ConfigError:
-        engine.dispose()  # close the file: a refused database keeps no -wal/-shm companions either
-        raise
     path = sqlite_path(url)
-    if path is not None:
-        with engine.connect() as conn:
-            conn.exec_driver_sql("PRAGMA journal_mode=WAL")
-    if current == head:
+    # Identify and migrate under one lock: a process must never see another's half-created schema.
+    with _migration_lock(path), _server_migration_lock(engine, where):
+        try:
+            current = _identify(engine, script, where, head)
+        except ConfigError:
+            engine.dispose()  # close the file: a refused database keeps no -wal/-shm companions either
+            raise
+        if path is not None:
+            with engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+        if current == head:
+            return
+        if current is not None and path is not None and path.exists():
+            _backup_sqlite(path, path.with_name(f"{path.name}.backup-{current}"))
+        try:
+            with engine.begin() as conn:
+                command.upgrade(_alembic_config(conn), "head")
+        except OperationalError as exc:
+            raise StoreError(f"{where}: could not migrate the database: {exc.orig}") from None
+
+
+@contextmanager
+def _migration_lock(path: Path | None):
+    """Serialise migrations of one SQLite file across processes (two evalgate runs starting on a new
+    database at once would otherwise both create the tables). flock on the directory: no lock file left."""
+    if path is None:
+        yield
         return
-    if current is not None and path is not None and path.exists():
-        _backup_sqlite(path, path.with_name(f"{path.name}.backup-{current}"))
+    fd = os.open(path.parent, os.O_RDONLY)
     try:
-        with engine.begin() as conn:
-            command.upgrade(_alembic_config(conn), "head")
-    except OperationalError as exc:
-        raise StoreError(f"{where}: could not migrate the database: {exc.orig}") from None
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextmanager
+def _server_migration_lock(engine: Engine, where: str):
+    """PostgreSQL: the same serialisation for CI runners sharing one database, through a session-level
+    advisory lock (released when this process's connection ends, even if it dies)."""
+    if engine.dialect.name != "postgresql":
+        yield
+        return
+    try:
+        conn = engine.connect()
+        conn.exec_driver_sql(f"SELECT pg_advisory_lock({PG_MIGRATION_LOCK})")
+        conn.commit()
+    except DatabaseError as exc:
+        raise _server_error(exc, where) from None
+    try:
+        yield
+    finally:
+        try:
+            conn.exec_driver_sql(f"SELECT pg_advisory_unlock({PG_MIGRATION_LOCK})")
+            conn.commit()
+        except DatabaseError:
+            conn.invalidate()  # closing the connection releases the lock
+        finally:
+            conn.close()
+
+
+def _server_error(exc: DatabaseError, where: str) -> ConfigError | StoreError:
+    """A database server that cannot be used: a missing database or refused login is the URL's fault
+    (configuration, exit 2); anything else (server down, network) is infrastructure (exit 3)."""
+    msg = str(exc.orig).strip()
+    code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+    if code == "3D000" or ("database \"" in msg and "does not exist" in msg):
+        return ConfigError(f"{where}: the database does not exist ({msg})",
+                           fix="create it first (e.g. `createdb NAME`): evalgate creates its tables, not the database")
+    if (code or "").startswith("28") or any(s in msg for s in ("authentication failed", "role \"", "pg_hba.conf")):
+        return ConfigError(f"{where}: the server refused the login ({msg})",
+                           fix="check the user and password in the database URL")
+    return StoreError(f"{where}: could not use the database server ({msg})",
+                      fix="check that the server is up and reachable at the URL's host and port")
 
 
 def _backup_sqlite(path: Path, backup: Path) -> None:
@@ -142,6 +212,8 @@ def _identify(engine: Engine, script, where: str, head: str) -> str | None:
             tables = set(inspect(conn).get_table_names())
             current = MigrationContext.configure(conn).get_current_revision()
     except DatabaseError as exc:
+        if engine.dialect.name != "sqlite":  # a server: unreachable, or refusing us, not a foreign file
+            raise _server_error(exc, where) from None
         raise ConfigError(
             f"{where}: this file is not an evalgate database ({exc.orig})",
             fix="point the suite's database (or --db) at an evalgate database, or at a new path",

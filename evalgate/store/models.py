@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import JSON, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from .portable import NulSafeText  # TEXT that keeps U+0000 on PostgreSQL too
 
 
 def utcnow() -> datetime:
@@ -41,7 +43,7 @@ class Run(Base):
     baseline_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))  # what a check compared against
     schedule: Mapped[dict] = mapped_column(JSON)  # runtime knobs and pass timings: never identity
     summary: Mapped[dict | None] = mapped_column(JSON)  # verdict counts
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(NulSafeText)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
 
@@ -53,7 +55,7 @@ class Request(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     key: Mapped[str] = mapped_column(String(500))
     request_hash: Mapped[str] = mapped_column(String(64))
-    prompt: Mapped[str] = mapped_column(Text)
+    prompt: Mapped[str] = mapped_column(NulSafeText)
     prompt_ids: Mapped[bytes] = mapped_column(LargeBinary)  # int32 little-endian
     sampling: Mapped[dict] = mapped_column(JSON)
     location: Mapped[str | None] = mapped_column(Text)  # prompts file:line
@@ -77,7 +79,7 @@ class Output(Base):
     top_ids: Mapped[bytes] = mapped_column(LargeBinary)  # int32 LE, top_k per position
     top_logprobs: Mapped[bytes] = mapped_column(LargeBinary)  # float64 LE, top_k per position
     token_texts: Mapped[list] = mapped_column(JSON)
-    text: Mapped[str] = mapped_column(Text)
+    text: Mapped[str] = mapped_column(NulSafeText)
     finish_reason: Mapped[str] = mapped_column(String(40))
     digest: Mapped[str] = mapped_column(String(64))
 
@@ -102,3 +104,16 @@ class Baseline(Base):
     hardware_class: Mapped[str] = mapped_column(String(64))
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     promoted_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Score(Base):
+    """A task metric of a run (lm-eval metrics such as exact_match or acc), kept beside the token records."""
+
+    __tablename__ = "scores"
+    __table_args__ = (UniqueConstraint("run_id", "task", "metric"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    task: Mapped[str] = mapped_column(String(200))
+    metric: Mapped[str] = mapped_column(String(200))
+    value: Mapped[float | None] = mapped_column(Float)
+    stderr: Mapped[float | None] = mapped_column(Float)

@@ -1,0 +1,124 @@
+"""pytest plugin (entry point `pytest11`): `pytest --evalgate SUITE` turns every request into a test.
+
+The suite runs once (`evalgate check` against its baseline) in the setup of its first test; each request
+is then a test item named by its request key that fails with its token diff. Engine, infrastructure and
+"no baseline" problems happen in setup, so pytest reports them as errors, not failures. pytest's own
+`--junitxml` and the user's existing CI then gate on it. Does nothing unless `--evalgate` is given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("evalgate", "LLM serving determinism gate")
+    group.addoption("--evalgate", action="append", default=[], metavar="SUITE",
+                    help="run this evalgate suite file as tests (one per request); repeatable")
+    group.addoption("--evalgate-strict", action="store_true", default=False,
+                    help="explained changes and new/missing requests fail too")
+    group.addoption("--evalgate-db", default=None, metavar="URL", help="database URL (overrides the suite's)")
+    group.addoption("--evalgate-concurrency", default=None, metavar="LEVELS",
+                    help="override the schedule's concurrency levels, e.g. 1,16")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    for suite_file in config.getoption("evalgate"):
+        items.extend(SuiteCollector.from_parent(session, path=Path(suite_file).resolve()).collect())
+
+
+class SuiteCollector(pytest.File):
+    """The request keys of a suite file (loading it needs no engine)."""
+
+    def collect(self):
+        from .suite import load_suite
+
+        suite = load_suite(self.path, database=self.config.getoption("evalgate_db"))
+        self.session_run = SuiteRun(suite, self.config)
+        for prompt in suite.prompts:
+            yield RequestItem.from_parent(self, name=prompt.key, run=self.session_run)
+
+
+class SuiteRun:
+    """Runs the suite once, on first use, and remembers the report (or the error)."""
+
+    def __init__(self, suite, config):
+        self.suite, self.config = suite, config
+        self.report = None
+        self.error: BaseException | None = None
+
+    def get(self):
+        if self.report is None and self.error is None:
+            from . import gate
+
+            levels = self.config.getoption("evalgate_concurrency")
+            schedule = gate.resolve_schedule(self.suite, [int(x) for x in levels.split(",")] if levels else None)
+            try:
+                self.report = gate.check(self.suite, schedule=schedule,
+                                         strict=self.config.getoption("evalgate_strict"))
+            except Exception as exc:  # reported as a pytest error on every request of the suite
+                self.error = exc
+        if self.error is not None:
+            raise EvalgateRunError(str(self.error)) from None
+        return self.report
+
+
+class EvalgateRunError(Exception):
+    """The suite could not be run (engine, infrastructure, configuration, no baseline)."""
+
+
+class RequestRegression(Exception):
+    """A request whose verdict is a failure: the message is its token diff."""
+
+
+class RequestItem(pytest.Item):
+    def __init__(self, *, run: SuiteRun, **kwargs):
+        super().__init__(**kwargs)
+        self.run = run
+
+    def setup(self):
+        self.report = self.run.get()  # errors here are pytest errors, not failures
+
+    def runtest(self):
+        verdict = next((v for v in self.report.verdicts if v.key == self.name), None)
+        if verdict is not None and verdict in self.report.failing:
+            raise RequestRegression(describe(verdict))
+        if verdict is not None and verdict.verdict != "stable":
+            self.add_report_section("call", "evalgate", describe(verdict))
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, (RequestRegression, EvalgateRunError)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, None, f"evalgate request {self.name}"
+
+
+def describe(verdict) -> str:
+    """The failure text: verdict, first divergence with both tokens, margin, and why."""
+    lines = [f"{verdict.key}: {verdict.verdict}" + (f" at {verdict.location}" if verdict.location else "")]
+    d = verdict.divergence
+    if d is not None:
+        lines.append(f"first divergence at output position {d.position} ({d.kind}): "
+                     f"reference {_token(d.reference_id, d.reference_text)} -> current {_token(d.other_id, d.other_text)}")
+        if d.margin is not None:
+            lines.append(f"reference top-1/top-2 logprob margin there: {d.margin:.6g}")
+        if d.kind == "logprob":
+            lines.append(f"logprob {d.reference_logprob!r} -> {d.other_logprob!r}")
+    if verdict.passes:
+        p = verdict.passes
+        lines.append(f"passes disagree: pass {p['reference_pass']} (concurrency {p['reference_concurrency']}) vs "
+                     f"pass {p['other_pass']} (concurrency {p['other_concurrency']}); "
+                     f"{p['differing_passes']} of {p['total_passes'] - 1} other passes differ")
+    if verdict.verdict == "silent_regression":
+        lines.append("nothing in the fingerprint changed: a silent serving regression")
+    elif verdict.components:
+        lines.append(f"explained by changed components: {', '.join(verdict.components)}")
+    return "\n".join(lines)
+
+
+def _token(token_id, text) -> str:
+    return "(end of output)" if token_id is None else f"{token_id} {text!r}"
