@@ -7,12 +7,15 @@ the database, judges the stored outputs and finishes the run.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
-from .errors import ConfigError, NoBaselineError
-from .fingerprint import hardware_component
+from .errors import ConfigError, EngineError, NoBaselineError
+from .fingerprint import component, hardware_component
+from .fingerprint import delta as fingerprint_delta
 from .runner import Progress, Timings
 from .schedule import with_overrides
-from .store import Store, open_store
+from .shard import Shard
+from .store import Run, Store, open_store
 from .store.db import sqlite_path
 from .suite import Schedule, Suite
 from .verdict import Report, judge
@@ -34,16 +37,13 @@ def _existing_store(url: str) -> Store | None:
     return open_store(url)
 
 
-def _run_and_judge(suite: Suite, url: str, *, kind: str, schedule: Schedule | None, baseline_run_id: int | None,
-                   strict: bool, promote_if, progress: Progress | None, timings: Timings) -> Report:
-    run_id = run_in_worker(suite, url, kind=kind, schedule=schedule or suite.schedule, timings=timings,
-                           progress=progress)
-    store = open_store(url)
+def _judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: int | None, strict: bool,
+                      promote_if, timings: Timings, in_scope=lambda key: True) -> Report:
     try:
         t0 = time.perf_counter()
         current = store.load(run_id)
         baseline = store.load(baseline_run_id) if baseline_run_id is not None else None
-        report = judge(current, baseline, kind=kind, strict=strict)
+        report = judge(current, baseline, kind=kind, strict=strict, in_scope=in_scope)
         report.promoted = promote_if(report)
         timings.add("evalgate", time.perf_counter() - t0)
         store.finish_run(
@@ -58,19 +58,45 @@ def _run_and_judge(suite: Suite, url: str, *, kind: str, schedule: Schedule | No
     return report
 
 
+def _run_and_judge(suite: Suite, url: str, *, kind: str, schedule: Schedule | None, baseline_run_id: int | None,
+                   strict: bool, promote_if, progress: Progress | None, timings: Timings,
+                   shard: Shard | None, group: str | None) -> Report:
+    if shard is not None:
+        suite = replace(suite, prompts=[p for p in suite.prompts if shard.contains(p.key)])
+        if not suite.prompts:
+            raise ConfigError(f"shard {shard} of suite {suite.name!r} has no requests",
+                              fix="use fewer shards than requests")
+    labels = {"shard": str(shard) if shard else None, "shard_group": group}
+    run_id = run_in_worker(suite, url, kind=kind, schedule=schedule or suite.schedule, timings=timings,
+                           progress=progress, labels=labels)
+    return _judge_and_finish(
+        open_store(url), run_id, kind=kind, baseline_run_id=baseline_run_id, strict=strict, timings=timings,
+        promote_if=(lambda report: False) if shard else promote_if,  # a part of a suite is never its baseline
+        in_scope=shard.contains if shard else (lambda key: True),
+    )
+
+
 def create_baseline(suite: Suite, store: Store | str | None = None, *, schedule: Schedule | None = None,
                     allow_variance: bool = False, progress: Progress | None = None,
-                    timings: Timings | None = None) -> Report:
+                    timings: Timings | None = None, shard: Shard | None = None, group: str | None = None) -> Report:
     """Run the suite and make it the baseline of this suite on this hardware class, unless its passes
     disagree (batch variance): a baseline must be reproducible. `allow_variance` promotes it anyway,
-    with the first pass of each request as the reference. `store`: a Store or URL (default: the suite's)."""
+    with the first pass of each request as the reference. `store`: a Store or URL (default: the suite's).
+    With `shard`, only that shard runs and nothing is promoted until `merge` joins the group's shards."""
     url = _database(suite, store)
     _existing_store(url)
     return _run_and_judge(
         suite, url, kind="baseline", schedule=schedule, baseline_run_id=None, strict=False,
         promote_if=lambda report: allow_variance or not report.failing, progress=progress,
-        timings=timings if timings is not None else Timings(),
+        timings=timings if timings is not None else Timings(), shard=shard, group=_group(shard, group),
     )
+
+
+def _group(shard: Shard | None, group: str | None) -> str | None:
+    if shard is not None and not group:
+        raise ConfigError("--shard needs --group: the label shared by the shard runs to merge",
+                          fix="e.g. --group \"$GITHUB_RUN_ID\"")
+    return group
 
 
 def find_baseline(suite: Suite, store: Store | None, url: str) -> int:
@@ -88,13 +114,60 @@ def find_baseline(suite: Suite, store: Store | None, url: str) -> int:
 
 
 def check(suite: Suite, store: Store | str | None = None, *, schedule: Schedule | None = None,
-          strict: bool = False, progress: Progress | None = None, timings: Timings | None = None) -> Report:
-    """Run the suite and judge it against the baseline (exit 4 before any inference if there is none)."""
+          strict: bool = False, progress: Progress | None = None, timings: Timings | None = None,
+          shard: Shard | None = None, group: str | None = None) -> Report:
+    """Run the suite and judge it against the baseline (exit 4 before any inference if there is none).
+    With `shard`, only that shard's requests run and are judged; `merge` gives the whole verdict."""
     url = _database(suite, store)
     baseline_run_id = find_baseline(suite, _existing_store(url), url)
     return _run_and_judge(
         suite, url, kind="check", schedule=schedule, baseline_run_id=baseline_run_id, strict=strict,
         promote_if=lambda report: False, progress=progress, timings=timings if timings is not None else Timings(),
+        shard=shard, group=_group(shard, group),
+    )
+
+
+def merge(suite: Suite, group: str, *, kind: str = "check", store: Store | str | None = None,
+          strict: bool = False, allow_variance: bool = False) -> Report:
+    """Join the shard runs of `group` into one run of the whole suite and judge it as one: a check against
+    the baseline, or (kind "baseline") a new baseline. Refuses an incomplete set of shards, and shards
+    whose identity differs (a merged verdict over different stacks would mean nothing)."""
+    url = _database(suite, store)
+    store = open_store(url, create=False)
+    latest: dict[str, Run] = {}
+    for run in store.shard_runs(suite.name, group, kind):
+        latest[run.shard] = run  # a re-run job replaces its earlier attempt
+    if not latest:
+        raise ConfigError(f"no {kind} shard runs of suite {suite.name!r} in group {group!r} in {store.url}",
+                          fix=f"run `evalgate {'baseline create' if kind == 'baseline' else 'check'} "
+                              f"--shard I/N --group {group}` in each job first")
+    counts = {int(label.split("/")[1]) for label in latest}
+    count = max(counts)
+    missing = [f"{i}/{count}" for i in range(1, count + 1) if f"{i}/{count}" not in latest]
+    incomplete = [f"{label} (run {r.id}: {r.status})" for label, r in latest.items() if r.status != "complete"]
+    if len(counts) > 1 or missing or incomplete:
+        raise EngineError(
+            f"group {group!r} cannot be merged: " + "; ".join(filter(None, [
+                f"shard counts differ ({sorted(counts)})" if len(counts) > 1 else "",
+                f"missing shards {', '.join(missing)}" if missing else "",
+                f"incomplete shards {', '.join(incomplete)}" if incomplete else ""])),
+            fix="re-run the failed or missing shard jobs, then merge again")
+    runs = [latest[f"{i}/{count}"] for i in range(1, count + 1)]
+    records = [store.load(r.id) for r in runs]
+    for other in records[1:]:
+        differing = fingerprint_delta(records[0].fingerprint, other.fingerprint)
+        if differing:
+            raise ConfigError(f"shard runs {runs[0].id} and {other.id} of group {group!r} differ in "
+                              f"{', '.join(differing)}: their outputs cannot be judged as one run",
+                              fix="run every shard of a group on the same hardware and setup")
+    fingerprint = dict(records[0].fingerprint)
+    fingerprint["suite"] = component({"requests": {k: r.request_hash for rec in records
+                                                   for k, r in rec.requests.items()}})
+    merged_id = store.merge_runs(runs, fingerprint)
+    baseline_run_id = find_baseline(suite, store, url) if kind == "check" else None
+    return _judge_and_finish(
+        store, merged_id, kind=kind, baseline_run_id=baseline_run_id, strict=strict, timings=Timings(),
+        promote_if=(lambda report: allow_variance or not report.failing) if kind == "baseline" else (lambda r: False),
     )
 
 

@@ -52,7 +52,8 @@ def tokenize_prompts(suite: Suite, engine: Engine) -> dict[str, list[int]]:
 
 
 def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Schedule, timings: Timings,
-            progress: Progress | None = None, on_run: Callable[[int], None] | None = None) -> int:
+            progress: Progress | None = None, on_run: Callable[[int], None] | None = None,
+            labels: dict | None = None) -> int:
     """Run every pass of the schedule and store it; returns the run id (status still `running`).
 
     The database is opened only once the engine is up and every prompt fits, so a configuration error
@@ -65,7 +66,7 @@ def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Sche
     passes = plan_passes(schedule)
     schedule_record = {**asdict(schedule), "passes": [asdict(p) for p in passes]}
     store = open_store(url)
-    run_id = store.create_run(suite, kind, schedule_record, fingerprint, prompt_ids)
+    run_id = store.create_run(suite, kind, schedule_record, fingerprint, prompt_ids, **(labels or {}))
     if on_run:
         on_run(run_id)
     timings.add("evalgate", time.perf_counter() - start)

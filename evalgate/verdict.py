@@ -93,7 +93,10 @@ class Report:
         }
 
 
-def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check", strict: bool = False) -> Report:
+def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check", strict: bool = False,
+          in_scope=lambda key: True) -> Report:
+    """`in_scope(key)`: whether a baseline key belongs to this run at all (False for other shards' keys,
+    which are then not `missing`)."""
     changed = fingerprint_delta(baseline.fingerprint, current.fingerprint) if baseline else []
     verdicts: list[RequestVerdict] = []
     for key, request in current.requests.items():
@@ -132,7 +135,7 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
         verdicts.append(RequestVerdict(key, verdict, location, divergence, components=explaining))
     if baseline is not None:
         for key, base_request in baseline.requests.items():
-            if key not in current.requests:
+            if key not in current.requests and in_scope(key):
                 verdicts.append(RequestVerdict(key, "missing", base_request.location, components=["suite"]))
     engine = current.fingerprint.get("engine", {}).get("data", {})
     return Report(

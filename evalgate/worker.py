@@ -26,11 +26,11 @@ GRACE_SECONDS = 60  # how long an interrupted child may take to mark its run inc
 
 
 def run_in_worker(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings: Timings,
-                  progress: Progress | None = None) -> int:
+                  progress: Progress | None = None, labels: dict | None = None) -> int:
     """Execute the suite in a child process; return the run id (status still `running`)."""
     ctx = multiprocessing.get_context("spawn")
     messages = ctx.Queue()
-    child = ctx.Process(target=_child_main, args=(suite, url, kind, schedule, messages), name="evalgate-engine")
+    child = ctx.Process(target=_child_main, args=(suite, url, kind, schedule, labels, messages), name="evalgate-engine")
     child.start()
     run_id: int | None = None
     try:
@@ -89,7 +89,7 @@ def _exit_reason(code: int | None) -> str:
     return f"exit status {code}"
 
 
-def _child_main(suite: Suite, url: str, kind: str, schedule: Schedule, messages) -> None:
+def _child_main(suite: Suite, url: str, kind: str, schedule: Schedule, labels: dict | None, messages) -> None:
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
@@ -103,7 +103,7 @@ def _child_main(suite: Suite, url: str, kind: str, schedule: Schedule, messages)
         engine = load_engine(suite, timings)  # validates engine args before anything is written
         execute(suite, url, engine, kind=kind, schedule=schedule, timings=timings,
                 progress=lambda done, total, label: messages.put(("progress", done, total, label)),
-                on_run=lambda run_id: messages.put(("run", run_id)))
+                on_run=lambda run_id: messages.put(("run", run_id)), labels=labels)
         messages.put(("done", dict(timings)))
     except KeyboardInterrupt:
         messages.put(("interrupted",))

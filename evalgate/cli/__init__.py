@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from . import demo, gate, history, models
+from . import demo, gate, history, models, report
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Gate LLM serving determinism: batch variance and silent regressions, token by token.")
@@ -21,6 +21,7 @@ app.command("check")(gate.check)
 runs_app.command("list")(history.runs_list)
 runs_app.command("show")(history.runs_show)
 app.command("diff")(history.diff)
+app.command("report")(report.report)
 app.command("demo")(demo.demo)
 app.command("build-model")(models.build)
 

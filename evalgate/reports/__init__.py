@@ -1,1 +1,2 @@
-"""Renderings of a Report: terminal (rich) and JSON (docs/json-report.md)."""
+"""Renderings of a Report: terminal (rich), JSON (docs/json-report.md), JUnit XML, GitHub Actions summary and
+annotations, and a self-contained HTML token diff (docs/ci.md)."""

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from ..verdict import Report
+from .atomic import write_text_atomic
 
 
 def write_json(report: Report, path: str | Path, extra: dict | None = None) -> None:
     """Write atomically: a CI step never reads half a report."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     document = {**report.to_dict(), **(extra or {})}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(document, indent=2, ensure_ascii=False, allow_nan=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(document, indent=2, ensure_ascii=False, allow_nan=True) + "\n")

@@ -7,18 +7,13 @@ from rich.table import Table
 from rich.text import Text
 
 from ..verdict import FAILURES, Report
+from .explain import divergence_tokens, margin_text, why
 
 STYLE = {
     "stable": "green", "batch_variance": "bold red", "silent_regression": "bold red",
     "explained_change": "yellow", "new": "cyan", "missing": "cyan",
 }
 MAX_ROWS = 50
-
-
-def _token(token_id, text) -> str:
-    if token_id is None:
-        return "(end)"
-    return f"{token_id} {text!r}" if text is not None else str(token_id)
 
 
 def render_report(console: Console, report: Report, fingerprint_changes: dict | None = None) -> None:
@@ -53,23 +48,10 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
             table.add_column(col, overflow="fold")
         for v in differing[:MAX_ROWS]:
             d = v.divergence
-            if v.verdict == "batch_variance" and v.passes:
-                p = v.passes
-                why = (f"pass {p['reference_pass']} (c={p['reference_concurrency']}) vs pass {p['other_pass']} "
-                       f"(c={p['other_concurrency']}); {p['differing_passes']}/{p['total_passes'] - 1} passes differ")
-            else:
-                why = ", ".join(v.components) if v.components else ("nothing changed" if v.verdict == "silent_regression" else "")
-            margin = "" if d is None or d.margin is None else f"{d.margin:.4g}"
-            if d is not None and d.kind == "logprob":
-                ref_tok = f"{_token(d.reference_id, d.reference_text)} lp={d.reference_logprob!r}"
-                cur_tok = f"{_token(d.other_id, d.other_text)} lp={d.other_logprob!r}"
-            elif d is not None:
-                ref_tok, cur_tok = _token(d.reference_id, d.reference_text), _token(d.other_id, d.other_text)
-            else:
-                ref_tok = cur_tok = ""
+            ref_tok, cur_tok = divergence_tokens(d) if d is not None else ("", "")
             table.add_row(
                 Text(v.key), Text(v.verdict, style=STYLE[v.verdict]),
-                "" if d is None else str(d.position), ref_tok, cur_tok, margin, why,
+                "" if d is None else str(d.position), ref_tok, cur_tok, margin_text(d.margin if d else None), why(v),
             )
         console.print(table)
         if len(differing) > MAX_ROWS:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from sqlalchemy import select
+from sqlalchemy import insert, literal, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -72,18 +72,16 @@ class Store:
     # --- writing a run ---------------------------------------------------------------------------------
 
     def create_run(self, suite, kind: str, schedule: dict, fingerprint: dict[str, dict],
-                   prompt_ids: dict[str, list[int]]) -> int:
+                   prompt_ids: dict[str, list[int]], *, shard: str | None = None,
+                   shard_group: str | None = None) -> int:
         fp_hash = fingerprint_hash(fingerprint)
         self._check_fits(suite)
 
         def write(s: Session) -> int:
-            if self._upsert_insert:
-                s.execute(self._upsert_insert(Fingerprint).values(hash=fp_hash, components=fingerprint, created_at=utcnow())
-                          .on_conflict_do_nothing(index_elements=["hash"]))
-            elif s.get(Fingerprint, fp_hash) is None:
-                s.add(Fingerprint(hash=fp_hash, components=fingerprint))
+            self._add_fingerprint(s, fp_hash, fingerprint)
             run = Run(suite_name=suite.name, suite_path=str(suite.path), kind=kind, status="running",
-                      schedule=schedule, fingerprint_hash=fp_hash, hardware_class=fingerprint["hardware"]["hash"])
+                      schedule=schedule, fingerprint_hash=fp_hash, hardware_class=fingerprint["hardware"]["hash"],
+                      shard=shard, shard_group=shard_group)
             s.add(run)
             s.flush()
             locations = suite.locations
@@ -141,6 +139,41 @@ class Store:
                 self._promote(s, run)
 
         self._write(write)
+
+    def _add_fingerprint(self, s: Session, fp_hash: str, fingerprint: dict) -> None:
+        """Content-addressed: stored once, whoever stores it first."""
+        if self._upsert_insert:
+            s.execute(self._upsert_insert(Fingerprint).values(hash=fp_hash, components=fingerprint, created_at=utcnow())
+                      .on_conflict_do_nothing(index_elements=["hash"]))
+        elif s.get(Fingerprint, fp_hash) is None:
+            s.add(Fingerprint(hash=fp_hash, components=fingerprint))
+
+    def shard_runs(self, suite_name: str, group: str, kind: str) -> list[Run]:
+        with self.session() as s:
+            return list(s.scalars(select(Run).where(Run.suite_name == suite_name, Run.shard_group == group,
+                                                    Run.kind == kind, Run.shard.is_not(None)).order_by(Run.id)))
+
+    def merge_runs(self, runs: list[Run], fingerprint: dict[str, dict]) -> int:
+        """A new run (status `running`) holding the requests and outputs of the given shard runs."""
+        first = runs[0]
+        fp_hash = fingerprint_hash(fingerprint)
+        ids = [r.id for r in runs]
+
+        def write(s: Session) -> int:
+            self._add_fingerprint(s, fp_hash, fingerprint)
+            run = Run(suite_name=first.suite_name, suite_path=first.suite_path, kind=first.kind, status="running",
+                      schedule={**first.schedule, "merged_from": ids}, fingerprint_hash=fp_hash,
+                      hardware_class=first.hardware_class, shard=None, shard_group=first.shard_group)
+            s.add(run)
+            s.flush()
+            for model in (Request, Output):  # INSERT ... SELECT: the rows never pass through Python
+                table = model.__table__
+                columns = [c.name for c in table.c if c.name not in ("id", "run_id")]
+                rows = select(literal(run.id), *[table.c[c] for c in columns]).where(table.c.run_id.in_(ids))
+                s.execute(insert(table).from_select(["run_id", *columns], rows))
+            return run.id
+
+        return self._write(write)
 
     def mark_incomplete(self, run_id: int, status: str, error: str) -> None:
         """Best effort: a run that could not finish must never look complete."""

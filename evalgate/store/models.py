@@ -42,6 +42,10 @@ class Run(Base):
     hardware_class: Mapped[str | None] = mapped_column(String(64))
     baseline_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))  # what a check compared against
     schedule: Mapped[dict] = mapped_column(JSON)  # runtime knobs and pass timings: never identity
+    # Sharded runs: "i/n" and the label that ties the n shard runs of one CI run together; a merged run
+    # has shard NULL and the group of the shards it was made from.
+    shard: Mapped[str | None] = mapped_column(String(20))
+    shard_group: Mapped[str | None] = mapped_column(String(200), index=True)
     summary: Mapped[dict | None] = mapped_column(JSON)  # verdict counts
     error: Mapped[str | None] = mapped_column(NulSafeText)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)

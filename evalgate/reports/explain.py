@@ -1,0 +1,92 @@
+"""Plain-text wording shared by every rendering of a verdict (terminal, JUnit, GitHub, HTML): how a token,
+a margin and the reason for a difference are spelled, so the same request reads the same everywhere."""
+
+from __future__ import annotations
+
+from ..compare import Divergence
+from ..verdict import FAILURES, STRICT_FAILURES, RequestVerdict
+
+STACK_NAMES = "model, tokenizer, engine, code, hardware, env"
+
+
+def token_label(token_id: int | None, text: str | None) -> str:
+    """`9822 ' Paris'`: the id (the truth) and the repr of its decoded text; `(end)` past an output's end."""
+    if token_id is None:
+        return "(end)"
+    return f"{token_id} {text!r}" if text is not None else str(token_id)
+
+
+def divergence_tokens(d: Divergence) -> tuple[str, str]:
+    """Reference and current token at the first divergence; a logprob divergence also shows both logprobs."""
+    ref, cur = token_label(d.reference_id, d.reference_text), token_label(d.other_id, d.other_text)
+    if d.kind == "logprob":
+        ref, cur = f"{ref} lp={d.reference_logprob!r}", f"{cur} lp={d.other_logprob!r}"
+    return ref, cur
+
+
+def margin_text(margin: float | None) -> str:
+    return "" if margin is None else f"{margin:.4g}"
+
+
+def why(v: RequestVerdict) -> str:
+    """What makes this request differ: the disagreeing passes, the components that changed, or nothing."""
+    if v.verdict == "batch_variance" and v.passes:
+        p = v.passes
+        return (f"pass {p['reference_pass']} (c={p['reference_concurrency']}) vs pass {p['other_pass']} "
+                f"(c={p['other_concurrency']}); {p['differing_passes']}/{p['total_passes'] - 1} passes differ")
+    if v.components:
+        return ", ".join(v.components)
+    return "nothing changed" if v.verdict == "silent_regression" else ""
+
+
+def invariance(inv: dict | None) -> tuple[str, str]:
+    """(state, words) for a run's batch invariance; state: in_force, not_in_force, not_requested or unknown."""
+    if not inv:
+        return "unknown", "unknown"
+    if inv.get("in_force"):
+        return "in_force", "in force (VLLM_BATCH_INVARIANT=1)"
+    if inv.get("requested"):
+        reason = inv.get("reason") or ""
+        return "not_in_force", "requested, NOT in force" + (f": {reason}" if reason else "")
+    return "not_requested", "not requested"
+
+
+def is_failure(verdict: str, strict: bool) -> bool:
+    return verdict in (STRICT_FAILURES if strict else FAILURES)
+
+
+def one_line(v: RequestVerdict) -> str:
+    """`explained_change at token 2: reference 315 ' upon', current 99 ' in' (margin 2.531); model`."""
+    d = v.divergence
+    if v.verdict == "new":
+        return "new: only in this run (no baseline output to compare)"
+    if v.verdict == "missing":
+        return "missing: in the baseline, not in this run"
+    if d is None:
+        return v.verdict
+    ref, cur = divergence_tokens(d)
+    margin = f" (margin {margin_text(d.margin)})" if d.margin is not None else ""
+    reason = why(v)
+    return f"{v.verdict} at token {d.position} ({d.kind}): reference {ref}, current {cur}{margin}" + (
+        f"; {reason}" if reason else "")
+
+
+def verdict_from_dict(data: dict) -> RequestVerdict:
+    """A stored verdict (RequestVerdict.to_dict, as Store.verdicts returns it) back as an object."""
+    div = data.get("divergence")
+    fields = Divergence.__dataclass_fields__
+    return RequestVerdict(
+        key=data["key"], verdict=data["verdict"], location=data.get("location"),
+        divergence=Divergence(**{k: v for k, v in div.items() if k in fields}) if div else None,
+        passes=data.get("passes"), components=list(data.get("components") or []),
+    )
+
+
+def split_location(location: str | None) -> tuple[str | None, int | None]:
+    """`/ci/suite/prompts.jsonl:12` -> (`/ci/suite/prompts.jsonl`, 12); the path may itself hold colons."""
+    if not location:
+        return None, None
+    path, sep, line = location.rpartition(":")
+    if sep and line.isdigit() and path:
+        return path, int(line)
+    return location, None

@@ -1,0 +1,159 @@
+"""JUnit XML, in the shape pytest's `--junitxml` emits, for CI test reporters (docs/ci.md).
+
+`<testsuites>` > one `<testsuite>` per prompts file (named by its path relative to the suite file) > one
+`<testcase>` per request key. A request that fails the gate (batch_variance, silent_regression; with
+`strict` also explained_change, new, missing) gets a `<failure>` whose message is one line and whose text
+is the whole first divergence; every other request is a passing testcase. A run that could not be judged
+(engine or infrastructure error, exit 3) is one testcase `evalgate` with an `<error>`.
+
+Built with xml.etree.ElementTree, which escapes markup; characters XML 1.0 cannot carry at all (control
+characters, U+FFFE/U+FFFF, lone surrogates) are written as `\\xNN` / `\\uNNNN` instead, as pytest does.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from collections import OrderedDict
+from pathlib import Path
+
+from ..verdict import Report, RequestVerdict
+from .atomic import write_text_atomic
+from .explain import divergence_tokens, is_failure, margin_text, one_line, split_location
+
+_ILLEGAL_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml_safe(text: str) -> str:
+    def escape(m: re.Match) -> str:
+        c = ord(m.group())
+        return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+    return _ILLEGAL_XML.sub(escape, text)
+
+
+def _seconds(value: float | None) -> str:
+    return f"{value or 0.0:.3f}"
+
+
+def suite_label(prompts_file: str | None, suite_file: str | Path | None) -> str:
+    """The testsuite name: the prompts file relative to the suite file's directory where it lies below it."""
+    if not prompts_file:
+        return "prompts"
+    if suite_file is not None:
+        base = Path(suite_file).parent
+        try:
+            return Path(prompts_file).relative_to(base).as_posix()
+        except ValueError:
+            pass
+    return prompts_file
+
+
+def failure_text(v: RequestVerdict, fingerprint_changes: dict | None = None) -> str:
+    """The body of a `<failure>`: verdict, where, the first divergence in full, and why."""
+    lines = [f"verdict: {v.verdict}"]
+    if v.location:
+        lines.append(f"location: {v.location}")
+    d = v.divergence
+    if d is not None:
+        ref, cur = divergence_tokens(d)
+        lines += [
+            f"first divergence: token {d.position} ({d.kind})",
+            f"reference token: {ref}",
+            f"current token:   {cur}",
+            f"margin: {margin_text(d.margin) or 'unknown'} (reference top-1 minus top-2 logprob at that position)",
+        ]
+    if v.verdict == "batch_variance" and v.passes:
+        p = v.passes
+        lines.append(f"passes: pass {p['reference_pass']} (concurrency {p['reference_concurrency']}) vs pass "
+                     f"{p['other_pass']} (concurrency {p['other_concurrency']}); {p['differing_passes']} of "
+                     f"{p['total_passes'] - 1} other passes differ from pass {p['reference_pass']}")
+    elif v.verdict == "silent_regression":
+        lines.append("changed components: none (model, tokenizer, engine, code, hardware, env are all unchanged)")
+    elif v.verdict == "new":
+        lines.append("only in this run: no baseline output to compare")
+    elif v.verdict == "missing":
+        lines.append("only in the baseline: not in this run")
+    if v.components:
+        lines.append(f"changed components: {', '.join(v.components)}")
+        for name in v.components:
+            if fingerprint_changes and name in fingerprint_changes:
+                lines.append(f"  {name}: {fingerprint_changes[name]}")
+    return "\n".join(lines) + "\n"
+
+
+def _sub(parent: ET.Element, tag: str, **attrs: str) -> ET.Element:
+    return ET.SubElement(parent, tag, {k: _xml_safe(v) for k, v in attrs.items()})
+
+
+def _tostring(root: ET.Element) -> str:
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def junit_xml(report: Report, *, suite_file: str | Path | None = None, duration: float | None = None,
+              fingerprint_changes: dict | None = None, timestamp: str | None = None,
+              hostname: str | None = None) -> str:
+    """The report as a JUnit XML document (a str). `duration`: the run's wall time in seconds, put on the
+    testsuite (testcases are judged together, so each says 0)."""
+    groups: OrderedDict[str, list[RequestVerdict]] = OrderedDict()
+    for v in report.verdicts:
+        path, _ = split_location(v.location)
+        groups.setdefault(suite_label(path, suite_file), []).append(v)
+
+    root = ET.Element("testsuites", {"name": _xml_safe(f"evalgate {report.kind} {report.suite_name}")})
+    totals = {"tests": 0, "failures": 0}
+    for label, verdicts in groups.items():
+        failing = [v for v in verdicts if is_failure(v.verdict, report.strict)]
+        attrs = {"name": label, "errors": "0", "failures": str(len(failing)), "skipped": "0",
+                 "tests": str(len(verdicts)), "time": _seconds(duration if len(groups) == 1 else None)}
+        if timestamp:
+            attrs["timestamp"] = timestamp
+        if hostname:
+            attrs["hostname"] = hostname
+        suite_el = _sub(root, "testsuite", **attrs)
+        props = _sub(suite_el, "properties")
+        for name, value in (("suite", report.suite_name), ("kind", report.kind), ("run_id", str(report.run_id)),
+                            ("baseline_run_id", "" if report.baseline_run_id is None else str(report.baseline_run_id)),
+                            ("strict", str(report.strict).lower())):
+            _sub(props, "property", name=name, value=value)
+        for v in verdicts:
+            case = _sub(suite_el, "testcase", classname=label, name=v.key, time="0.000")
+            if is_failure(v.verdict, report.strict):
+                failure = _sub(case, "failure", message=one_line(v), type=v.verdict)
+                failure.text = _xml_safe(failure_text(v, fingerprint_changes))
+        totals["tests"] += len(verdicts)
+        totals["failures"] += len(failing)
+    root.set("tests", str(totals["tests"]))
+    root.set("failures", str(totals["failures"]))
+    root.set("errors", "0")
+    root.set("skipped", "0")
+    root.set("time", _seconds(duration))
+    return _tostring(root)
+
+
+def infra_error_xml(message: str, *, error_type: str = "EngineError", suite_name: str | None = None,
+                    duration: float | None = None, timestamp: str | None = None) -> str:
+    """The run failed before it could be judged (exit 3): one testcase `evalgate` with an `<error>`, so a
+    CI test reporter shows an error instead of finding no results (which some treat as a pass)."""
+    name = f"evalgate {suite_name}" if suite_name else "evalgate"
+    root = ET.Element("testsuites", {"name": _xml_safe(name), "tests": "1", "failures": "0", "errors": "1",
+                                     "skipped": "0", "time": _seconds(duration)})
+    attrs = {"name": suite_name or "evalgate", "errors": "1", "failures": "0", "skipped": "0", "tests": "1",
+             "time": _seconds(duration)}
+    if timestamp:
+        attrs["timestamp"] = timestamp
+    suite_el = _sub(root, "testsuite", **attrs)
+    case = _sub(suite_el, "testcase", classname="evalgate", name="evalgate", time=_seconds(duration))
+    first = message.strip().splitlines()[0] if message.strip() else error_type
+    error = _sub(case, "error", message=first, type=error_type)
+    error.text = _xml_safe(message.rstrip("\n") + "\n")
+    return _tostring(root)
+
+
+def write_junit(report: Report, path: str | Path, **kwargs) -> None:
+    write_text_atomic(path, junit_xml(report, **kwargs))
+
+
+def write_infra_error(path: str | Path, message: str, **kwargs) -> None:
+    write_text_atomic(path, infra_error_xml(message, **kwargs))
