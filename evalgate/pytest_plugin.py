@@ -98,27 +98,6 @@ class RequestItem(pytest.Item):
 
 
 def describe(verdict) -> str:
-    """The failure text: verdict, first divergence with both tokens, margin, and why."""
-    lines = [f"{verdict.key}: {verdict.verdict}" + (f" at {verdict.location}" if verdict.location else "")]
-    d = verdict.divergence
-    if d is not None:
-        lines.append(f"first divergence at output position {d.position} ({d.kind}): "
-                     f"reference {_token(d.reference_id, d.reference_text)} -> current {_token(d.other_id, d.other_text)}")
-        if d.margin is not None:
-            lines.append(f"reference top-1/top-2 logprob margin there: {d.margin:.6g}")
-        if d.kind == "logprob":
-            lines.append(f"logprob {d.reference_logprob!r} -> {d.other_logprob!r}")
-    if verdict.passes:
-        p = verdict.passes
-        lines.append(f"passes disagree: pass {p['reference_pass']} (concurrency {p['reference_concurrency']}) vs "
-                     f"pass {p['other_pass']} (concurrency {p['other_concurrency']}); "
-                     f"{p['differing_passes']} of {p['total_passes'] - 1} other passes differ")
-    if verdict.verdict == "silent_regression":
-        lines.append("nothing in the fingerprint changed: a silent serving regression")
-    elif verdict.components:
-        lines.append(f"explained by changed components: {', '.join(verdict.components)}")
-    return "\n".join(lines)
+    from .reports.explain import failure_text
 
-
-def _token(token_id, text) -> str:
-    return "(end of output)" if token_id is None else f"{token_id} {text!r}"
+    return f"{verdict.key}: {verdict.verdict}\n" + failure_text(verdict)

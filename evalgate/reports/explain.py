@@ -90,3 +90,36 @@ def split_location(location: str | None) -> tuple[str | None, int | None]:
     if sep and line.isdigit() and path:
         return path, int(line)
     return location, None
+
+
+def failure_text(v: RequestVerdict, fingerprint_changes: dict | None = None) -> str:
+    """The body of a `<failure>`: verdict, where, the first divergence in full, and why."""
+    lines = [f"verdict: {v.verdict}"]
+    if v.location:
+        lines.append(f"location: {v.location}")
+    d = v.divergence
+    if d is not None:
+        ref, cur = divergence_tokens(d)
+        lines += [
+            f"first divergence: token {d.position} ({d.kind})",
+            f"reference token: {ref}",
+            f"current token:   {cur}",
+            f"margin: {margin_text(d.margin) or 'unknown'} (reference top-1 minus top-2 logprob at that position)",
+        ]
+    if v.verdict == "batch_variance" and v.passes:
+        p = v.passes
+        lines.append(f"passes: pass {p['reference_pass']} (concurrency {p['reference_concurrency']}) vs pass "
+                     f"{p['other_pass']} (concurrency {p['other_concurrency']}); {p['differing_passes']} of "
+                     f"{p['total_passes'] - 1} other passes differ from pass {p['reference_pass']}")
+    elif v.verdict == "silent_regression":
+        lines.append("changed components: none (model, tokenizer, engine, code, hardware, env are all unchanged)")
+    elif v.verdict == "new":
+        lines.append("only in this run: no baseline output to compare")
+    elif v.verdict == "missing":
+        lines.append("only in the baseline: not in this run")
+    if v.components:
+        lines.append(f"changed components: {', '.join(v.components)}")
+        for name in v.components:
+            if fingerprint_changes and name in fingerprint_changes:
+                lines.append(f"  {name}: {fingerprint_changes[name]}")
+    return "\n".join(lines) + "\n"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..verdict import Report, RequestVerdict
 from .atomic import write_text_atomic
-from .explain import divergence_tokens, is_failure, margin_text, one_line, split_location
+from .explain import failure_text, is_failure, one_line, split_location
 
 _ILLEGAL_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
@@ -47,39 +47,6 @@ def suite_label(prompts_file: str | None, suite_file: str | Path | None) -> str:
         except ValueError:
             pass
     return prompts_file
-
-
-def failure_text(v: RequestVerdict, fingerprint_changes: dict | None = None) -> str:
-    """The body of a `<failure>`: verdict, where, the first divergence in full, and why."""
-    lines = [f"verdict: {v.verdict}"]
-    if v.location:
-        lines.append(f"location: {v.location}")
-    d = v.divergence
-    if d is not None:
-        ref, cur = divergence_tokens(d)
-        lines += [
-            f"first divergence: token {d.position} ({d.kind})",
-            f"reference token: {ref}",
-            f"current token:   {cur}",
-            f"margin: {margin_text(d.margin) or 'unknown'} (reference top-1 minus top-2 logprob at that position)",
-        ]
-    if v.verdict == "batch_variance" and v.passes:
-        p = v.passes
-        lines.append(f"passes: pass {p['reference_pass']} (concurrency {p['reference_concurrency']}) vs pass "
-                     f"{p['other_pass']} (concurrency {p['other_concurrency']}); {p['differing_passes']} of "
-                     f"{p['total_passes'] - 1} other passes differ from pass {p['reference_pass']}")
-    elif v.verdict == "silent_regression":
-        lines.append("changed components: none (model, tokenizer, engine, code, hardware, env are all unchanged)")
-    elif v.verdict == "new":
-        lines.append("only in this run: no baseline output to compare")
-    elif v.verdict == "missing":
-        lines.append("only in the baseline: not in this run")
-    if v.components:
-        lines.append(f"changed components: {', '.join(v.components)}")
-        for name in v.components:
-            if fingerprint_changes and name in fingerprint_changes:
-                lines.append(f"  {name}: {fingerprint_changes[name]}")
-    return "\n".join(lines) + "\n"
 
 
 def _sub(parent: ET.Element, tag: str, **attrs: str) -> ET.Element:
