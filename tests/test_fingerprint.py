@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from evalgate import fingerprint as fpmod
 from evalgate.fingerprint import (
     COMPONENTS,
     REDACTED,

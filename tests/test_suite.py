@@ -130,7 +130,7 @@ def test_crlf_prompts_file(tmp_path):
 
 
 def test_relative_paths_do_not_depend_on_cwd(tmp_path, monkeypatch):
-    path = write_suite(tmp_path / "suite")
+    write_suite(tmp_path / "suite")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

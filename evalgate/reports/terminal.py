@@ -61,7 +61,7 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
         names = sorted({v.verdict for v in report.failing})
         console.print(f"[bold red]FAIL[/]: {len(report.failing)} request(s): {', '.join(names)} (exit {int(report.exit_code)})")
     else:
-        console.print(f"[bold green]PASS[/] (exit 0)")
+        console.print("[bold green]PASS[/] (exit 0)")
     if report.kind == "baseline":
         if report.promoted:
             console.print(f"run {report.run_id} is now the baseline for suite {report.suite_name!r} on this hardware")
