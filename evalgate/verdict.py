@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from .compare import Divergence, first_divergence, within_run
 from .errors import ExitCode
 from .fingerprint import delta as fingerprint_delta
+from .fingerprint import describe_changes
 from .store import RunRecord
 
 VERDICTS = ("stable", "batch_variance", "silent_regression", "explained_change", "new", "missing")
@@ -56,6 +57,8 @@ class Report:
     batch_invariance: dict
     strict: bool = False
     promoted: bool = False
+    # component -> what changed in it, for people (fingerprint.describe_changes); judged once, rendered anywhere
+    fingerprint_changes: dict = field(default_factory=dict)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -142,4 +145,5 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
         kind=kind, suite_name=current.run.suite_name, run_id=current.id,
         baseline_run_id=baseline.id if baseline else None, verdicts=verdicts, changed_components=changed,
         batch_invariance=engine.get("batch_invariance", {}), strict=strict,
+        fingerprint_changes=describe_changes(baseline.fingerprint, current.fingerprint, changed) if baseline else {},
     )

@@ -13,12 +13,10 @@ import typer
 
 from .. import gate
 from ..errors import EvalgateError, ExitCode
-from ..fingerprint import describe_changes
 from ..reports import github
 from ..reports.json_report import write_json
 from ..reports.junit import write_infra_error, write_junit
 from ..reports.terminal import render_report
-from ..store import open_store
 from ..shard import parse_shard
 from ..suite import find_suite, load_suite
 from .common import console, err_console, handled, parse_levels, progress_bar
@@ -80,11 +78,7 @@ def _run(kind: str, suite_file, db, concurrency, shuffles, repeats, json_report,
             else:
                 report = gate.check(suite, schedule=schedule, progress=update,
                                     shard=parse_shard(shard) if shard else None, group=group, **kwargs)
-        changes = {}
-        if report.baseline_run_id is not None:
-            store = open_store(suite.database)
-            current, baseline = store.load(report.run_id), store.load(report.baseline_run_id)
-            changes = describe_changes(baseline.fingerprint, current.fingerprint, report.changed_components)
+        changes = report.fingerprint_changes
     except BaseException as exc:
         if _is_infra(exc):
             _infra_outputs(exc, kind, suite.name, junit, started, timestamp)

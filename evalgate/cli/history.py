@@ -10,7 +10,6 @@ import typer
 from rich.table import Table
 
 from .. import gate
-from ..fingerprint import describe_changes
 from ..reports.json_report import write_json
 from ..reports.terminal import render_report
 from .common import console, handled, open_store_for
@@ -98,8 +97,7 @@ def diff(run_a: int, run_b: int, db: Optional[str] = DbOpt, suite: Optional[Path
     """Compare two runs: fingerprint components that differ, then per-request differences (B against A)."""
     store = open_store_for(db, suite)
     report = gate.compare_runs(store, run_a, run_b)
-    a, b = store.load(run_a), store.load(run_b)
-    changes = describe_changes(a.fingerprint, b.fingerprint, report.changed_components)
+    changes = report.fingerprint_changes
     render_report(console, report, changes)
     if json_report:
         write_json(report, json_report, {"fingerprint_changes": changes})

@@ -27,7 +27,7 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
         if report.changed_components:
             console.print(f"changed since baseline run {report.baseline_run_id}: "
                           f"[yellow]{', '.join(report.changed_components)}[/]")
-            for name, change in (fingerprint_changes or {}).items():
+            for name, change in (report.fingerprint_changes if fingerprint_changes is None else fingerprint_changes).items():
                 console.print(f"  {name}: {change}")
         else:
             console.print(f"identity unchanged since baseline run {report.baseline_run_id} "
