@@ -23,7 +23,7 @@ from evalgate.store import RunRecord, Store
 from evalgate.store.db import head_revision
 from evalgate.suite import load_suite
 
-TABLES = {"alembic_version", "fingerprints", "runs", "requests", "outputs", "verdicts", "baselines", "scores"}
+TABLES = {"alembic_version", "fingerprints", "runs", "requests", "outputs", "verdicts", "baselines", "scores", "sample_scores"}
 
 
 # --- helpers ---------------------------------------------------------------------------------------------

@@ -62,7 +62,9 @@ class Request(Base):
     prompt: Mapped[str] = mapped_column(NulSafeText)
     prompt_ids: Mapped[bytes] = mapped_column(LargeBinary)  # int32 little-endian
     sampling: Mapped[dict] = mapped_column(JSON)
-    location: Mapped[str | None] = mapped_column(Text)  # prompts file:line
+    location: Mapped[str | None] = mapped_column(Text)  # prompts file:line, or task file + doc id
+    # generate (plain prompt) | generate_until | loglikelihood | loglikelihood_rolling (lm-eval)
+    request_type: Mapped[str] = mapped_column(String(40), default="generate", server_default="generate")
 
 
 class Output(Base):
@@ -121,3 +123,18 @@ class Score(Base):
     metric: Mapped[str] = mapped_column(String(200))
     value: Mapped[float | None] = mapped_column(Float)
     stderr: Mapped[float | None] = mapped_column(Float)
+
+
+class SampleScore(Base):
+    """One lm-eval document's metric value in a run, with the request keys it was computed from: a check
+    names the documents (and so the requests) whose metric moved."""
+
+    __tablename__ = "sample_scores"
+    __table_args__ = (UniqueConstraint("run_id", "task", "doc_id", "metric"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    task: Mapped[str] = mapped_column(String(200))
+    doc_id: Mapped[int] = mapped_column(Integer)
+    metric: Mapped[str] = mapped_column(String(200))
+    value: Mapped[float | None] = mapped_column(Float)
+    request_keys: Mapped[list] = mapped_column(JSON)
