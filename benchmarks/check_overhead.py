@@ -60,7 +60,7 @@ shuffles = 0
         start = time.perf_counter()
         report = gate.check(suite, timings=timings)
         total = time.perf_counter() - start
-        other = total - sum(timings.values())
+        other = total - sum(timings.phases().values())
         rows.append((preset, total, timings, other, report.counts))
 
     print(f"{'model':6} {'total s':>8} {'engine load':>12} {'inference':>10} {'evalgate':>9} {'worker+other':>13} "

@@ -23,7 +23,11 @@ Progress = Callable[[int, int, str], None]
 
 
 class Timings(dict):
-    """Seconds spent per phase; stored with the run and read by benchmarks/."""
+    """Seconds spent per phase (`engine_load`, `inference`, `evalgate`), plus `passes`: per-pass figures
+    (concurrency, requests, output tokens, seconds, wave seconds). Stored with the run; read by benchmarks/."""
+
+    def phases(self) -> dict[str, float]:
+        return {k: v for k, v in self.items() if isinstance(v, float)}
 
     def add(self, phase: str, seconds: float) -> None:
         self[phase] = self.get(phase, 0.0) + seconds
@@ -89,10 +93,12 @@ def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes:
     done = 0
     for pass_ in passes:
         pass_outputs = []
+        wave_seconds: list[float] = []
         for wave_index, wave in enumerate(waves(keys, pass_)):
             t0 = time.perf_counter()
             completions = engine.generate([by_key[k] for k in wave])
-            timings.add("inference", time.perf_counter() - t0)
+            wave_seconds.append(time.perf_counter() - t0)
+            timings.add("inference", wave_seconds[-1])
             if len(completions) != len(wave):
                 raise EngineError(f"engine returned {len(completions)} outputs for {len(wave)} requests")
             for position, completion in enumerate(completions):
@@ -102,6 +108,13 @@ def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes:
             done += len(wave)
             if progress:
                 progress(done, total, pass_.label)
+        # Per-pass throughput figures (read by `evalgate cost` and benchmarks/); a wave's time is the latency
+        # of each of its requests, since a wave is submitted and returns together.
+        timings.setdefault("passes", []).append({
+            "index": pass_.index, "concurrency": pass_.concurrency, "requests": len(pass_outputs),
+            "output_tokens": sum(len(c.output_ids) for c in pass_outputs),
+            "seconds": sum(wave_seconds), "wave_seconds": wave_seconds,
+        })
         t0 = time.perf_counter()
         store.add_outputs(run_id, pass_outputs)
         timings.add("evalgate", time.perf_counter() - t0)
