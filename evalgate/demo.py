@@ -1,12 +1,14 @@
 """`evalgate demo`: the whole journey on a tiny locally built model, no network, no GPU.
 
-1. build (or reuse) the tiny model; 2. write a suite and prompts into a workspace; 3. create a baseline;
-4. check against it (pass); 5. swap the weights at the same path and check again (explained `model` change).
+1. build (or reuse) the tiny model; 2. write a suite, prompts and the example lm-eval tasks
+(examples/lm_eval/tasks) into a workspace; 3. create a baseline; 4. check against it (pass); 5. swap the
+weights at the same path and check again (explained `model` change, with the tasks' metrics moving).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from .tinymodel import build_model
@@ -49,6 +51,11 @@ logprobs = 5
 [prompts]
 file = "prompts.jsonl"
 
+[lm_eval]                    # lm-eval tasks run as requests too (tasks/: exact match, multiple choice, perplexity)
+include_path = ["tasks"]
+tasks = ["evalgate_arith", "evalgate_capitals", "evalgate_sentences"]
+num_fewshot = 2
+
 [schedule]
 concurrency = [1, 4, 12]
 shuffles = 1
@@ -65,6 +72,16 @@ def write_workspace(directory: Path, seed: int = 0) -> Path:
         "".join(json.dumps({"id": f"demo-{i:02d}", "prompt": p}) + "\n" for i, p in enumerate(DEMO_PROMPTS)),
         encoding="utf-8",
     )
+    shutil.copytree(example_tasks_dir(), directory / "tasks", dirs_exist_ok=True)
     suite = directory / "evalgate.toml"
     suite.write_text(SUITE_TEMPLATE, encoding="utf-8")
     return suite
+
+
+def example_tasks_dir() -> Path:
+    """examples/lm_eval/tasks ships inside the wheel as evalgate/example_tasks; a checkout has it at the top."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "example_tasks", here.parent / "examples" / "lm_eval" / "tasks"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError("evalgate's example lm-eval tasks are missing from this installation; reinstall evalgate")

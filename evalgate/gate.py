@@ -7,12 +7,12 @@ the database, judges the stored outputs and finishes the run.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 from .errors import ConfigError, EngineError, NoBaselineError
 from .fingerprint import component, hardware_component
 from .fingerprint import delta as fingerprint_delta
 from .runner import Progress, Timings
+from .scores import compare_scores
 from .schedule import with_overrides
 from .shard import Shard
 from .store import Run, Store, open_store
@@ -44,6 +44,7 @@ def _judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: 
         current = store.load(run_id)
         baseline = store.load(baseline_run_id) if baseline_run_id is not None else None
         report = judge(current, baseline, kind=kind, strict=strict, in_scope=in_scope)
+        report.metrics = compare_scores(store, run_id, baseline_run_id, {v.key: v.verdict for v in report.verdicts})
         report.promoted = promote_if(report)
         timings.add("evalgate", time.perf_counter() - t0)
         store.finish_run(
@@ -61,11 +62,6 @@ def _judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: 
 def _run_and_judge(suite: Suite, url: str, *, kind: str, schedule: Schedule | None, baseline_run_id: int | None,
                    strict: bool, promote_if, progress: Progress | None, timings: Timings,
                    shard: Shard | None, group: str | None) -> Report:
-    if shard is not None:
-        suite = replace(suite, prompts=[p for p in suite.prompts if shard.contains(p.key)])
-        if not suite.prompts:
-            raise ConfigError(f"shard {shard} of suite {suite.name!r} has no requests",
-                              fix="use fewer shards than requests")
     labels = {"shard": str(shard) if shard else None, "shard_group": group}
     run_id = run_in_worker(suite, url, kind=kind, schedule=schedule or suite.schedule, timings=timings,
                            progress=progress, labels=labels)

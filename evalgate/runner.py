@@ -7,6 +7,7 @@ failure or interruption after the run row exists marks the run incomplete before
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict
 from typing import Callable
@@ -46,13 +47,64 @@ def tokenize_prompts(suite: Suite, engine: Engine) -> dict[str, list[int]]:
     prompt_ids = {}
     for p in suite.prompts:
         ids = engine.tokenize(p)
-        if len(ids) >= limit:
+        # lm-eval scoring requests are built to fit (each window is its own engine request)
+        if not p.segments and len(ids) >= limit:
             raise ConfigError(
-                f"{suite.prompts_file}:{p.line}: prompt {p.key!r} is {len(ids)} tokens, the engine's max_model_len is {limit}",
+                f"{suite.locations[p.key]}: prompt {p.key!r} is {len(ids)} tokens, the engine's max_model_len is {limit}",
                 fix="shorten the prompt or raise engine.max_model_len in the suite file",
             )
         prompt_ids[p.key] = ids
     return prompt_ids
+
+
+def run_suite(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings: Timings,
+              progress: Progress | None = None, on_run: Callable[[int], None] | None = None,
+              labels: dict | None = None) -> int:
+    """Everything a run does in the engine's process: find the suite's lm-eval tasks (before the engine
+    starts: a broken task file costs no engine start), start the engine, build the tasks' requests, keep
+    this shard's requests, run every pass, then let lm-eval score the first pass. Returns the run id."""
+    from .shard import parse_shard, select_shard
+
+    # vLLM's, lm-eval's and datasets' progress bars (read when tqdm is imported): evalgate shows its own.
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    prepared = None
+    if suite.lm_eval is not None:
+        from .lmeval import prepare
+
+        t0 = time.perf_counter()
+        prepared = prepare(suite.lm_eval, suite.path)
+        timings.add("lm_eval", time.perf_counter() - t0)
+    engine = load_engine(suite, timings)
+    tasks = None
+    if prepared is not None:
+        from .lmeval import TaskRun
+
+        t0 = time.perf_counter()
+        tasks = TaskRun(prepared, engine.tokenizer, engine.max_model_len, suite.sampling)
+        suite = tasks.build(suite)
+        timings.add("lm_eval", time.perf_counter() - t0)
+    shard = (labels or {}).get("shard")
+    if shard:
+        suite = select_shard(suite, parse_shard(shard))
+    run_id = execute(suite, url, engine, kind=kind, schedule=schedule, timings=timings, progress=progress,
+                     on_run=on_run, labels=labels)
+    if tasks is not None and not shard:  # a shard holds part of each task: its metrics would mislead
+        from .store import open_store
+
+        store = open_store(url)
+        try:
+            t0 = time.perf_counter()
+            first_pass = {key: outputs[0] for key, outputs in store.load(run_id).outputs.items()}
+            scores, samples = tasks.score(first_pass)
+            store.add_scores(run_id, scores, samples)
+            timings.add("lm_eval", time.perf_counter() - t0)
+        except KeyboardInterrupt:
+            store.mark_incomplete(run_id, "interrupted", "interrupted (SIGINT/SIGTERM)")
+            raise
+        except BaseException as exc:
+            store.mark_incomplete(run_id, "failed", f"scoring with lm-eval: {type(exc).__name__}: {exc}")
+            raise
+    return run_id
 
 
 def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Schedule, timings: Timings,

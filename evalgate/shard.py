@@ -36,3 +36,13 @@ def parse_shard(text: str) -> Shard:
     if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
         raise ConfigError(f"--shard {text!r}: expected I/N with 1 <= I <= N", fix="e.g. --shard 2/4")
     return Shard(int(match.group(1)), int(match.group(2)))
+
+
+def select_shard(suite, shard: Shard):
+    """The suite with only this shard's requests (lm-eval requests included, so it runs after they are built)."""
+    from dataclasses import replace
+
+    prompts = [p for p in suite.prompts if shard.contains(p.key)]
+    if not prompts:
+        raise ConfigError(f"shard {shard} of suite {suite.name!r} has no requests", fix="use fewer shards than requests")
+    return replace(suite, prompts=prompts)

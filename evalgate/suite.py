@@ -43,6 +43,9 @@ SAMPLING_KEYS = {
     "ignore_eos": bool,
 }
 PROMPT_KEYS = {"id", "prompt", "max_tokens", "metadata"}
+LM_EVAL_KEYS = {"tasks", "include_path", "limit", "num_fewshot", "fewshot_seed", "bootstrap_iters", "add_bos_token"}
+# Request types: plain prompts are `generate`; lm-eval produces the other three (evalgate/lmeval.py).
+SCORING_TYPES = ("loglikelihood", "loglikelihood_rolling")
 
 # Size limits, checked with stat() before anything is read (docs/suite.md, "Limits"): both files are read
 # into memory whole. A suite file is configuration; prompts belong in the prompts file.
@@ -53,10 +56,33 @@ MAX_PROMPTS_ENV = "EVALGATE_MAX_PROMPTS_BYTES"
 
 @dataclass(frozen=True)
 class Prompt:
+    """One request of the suite: a line of the prompts file, or a request lm-eval built from a task."""
+
     key: str
     text: str
     max_tokens: int | None
-    line: int  # 1-based line in the prompts file, for error messages and CI annotations
+    line: int  # 1-based line in the prompts file, for error messages and CI annotations (0 for lm-eval)
+    # The fields below are set for lm-eval requests only (evalgate/lmeval.py).
+    request_type: str = "generate"  # generate | generate_until | loglikelihood | loglikelihood_rolling
+    prompt_ids: tuple[int, ...] | None = None  # pre-tokenized the way lm-eval tokenizes (generate_until)
+    # Scoring requests: (context ids, continuation ids) windows whose continuation tokens are scored.
+    segments: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    continuation: str | None = None  # the scored text (loglikelihood)
+    sampling: dict | None = None  # the task's generation settings, over the suite's [sampling]
+    location: str | None = None  # "task.yaml doc 3", for reports
+
+
+@dataclass(frozen=True)
+class LmEvalConfig:
+    """The suite's [lm_eval] table: lm-eval tasks to run as evalgate requests (docs/suite.md)."""
+
+    tasks: tuple[str, ...]
+    include_path: tuple[Path, ...] = ()
+    limit: int | float | None = None
+    num_fewshot: int | None = None
+    fewshot_seed: int = 1234
+    bootstrap_iters: int = 100000
+    add_bos_token: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -79,34 +105,49 @@ class Suite:
     batch_invariant: bool
     engine_args: dict[str, Any]
     sampling: dict[str, Any]
-    prompts_file: Path
+    prompts_file: Path | None  # None: the suite has lm-eval tasks only
     prompts: list[Prompt]
     schedule: Schedule
     code_paths: list[Path]
     database: str
+    lm_eval: LmEvalConfig | None = None
+    # Identity of the lm-eval tasks (config and documents), filled in once they are built (evalgate/lmeval.py).
+    task_identity: dict[str, Any] = field(default_factory=dict)
     root: Path = field(init=False)
 
     def __post_init__(self) -> None:
         self.root = self.path.parent
 
     def sampling_for(self, prompt: Prompt) -> dict[str, Any]:
+        """The effective vLLM sampling parameters of a request. Scoring requests generate nothing: they
+        ask for the top-k logprobs of every prompt token."""
+        if prompt.request_type in SCORING_TYPES:
+            return {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": self.sampling["logprobs"]}
         params = dict(self.sampling)
         if prompt.max_tokens is not None:
             params["max_tokens"] = prompt.max_tokens
+        params.update(prompt.sampling or {})
         return params
 
     def request_hash(self, prompt: Prompt) -> str:
         """Identity of one request: its text and effective sampling parameters (not its key)."""
-        return digest({"prompt": prompt.text, "sampling": self.sampling_for(prompt)})
+        if prompt.request_type == "generate":
+            return digest({"prompt": prompt.text, "sampling": self.sampling_for(prompt)})
+        return digest({"type": prompt.request_type, "prompt": prompt.text, "continuation": prompt.continuation,
+                       "sampling": self.sampling_for(prompt)})
 
     def identity(self) -> dict[str, Any]:
-        """The `suite` fingerprint component: every request key with its request hash."""
-        return {"requests": {p.key: self.request_hash(p) for p in self.prompts}}
+        """The `suite` fingerprint component: every request key with its request hash, plus the lm-eval
+        tasks' configuration and document digests when the suite has tasks."""
+        identity: dict[str, Any] = {"requests": {p.key: self.request_hash(p) for p in self.prompts}}
+        if self.task_identity:
+            identity["tasks"] = self.task_identity
+        return identity
 
     @property
     def locations(self) -> dict[str, str]:
-        """Request key -> 'file:line', for reports that point users at the prompt."""
-        return {p.key: f"{self.prompts_file}:{p.line}" for p in self.prompts}
+        """Request key -> 'file:line' (or the lm-eval task and document), for reports that point at the source."""
+        return {p.key: p.location or f"{self.prompts_file}:{p.line}" for p in self.prompts}
 
 
 def _fail(where: str, message: str, fix: str) -> ConfigError:
@@ -280,9 +321,9 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
             raise _fail(where, "`tool.evalgate` must be a table", "write it as [tool.evalgate] with tables below it")
     root = path.parent
 
-    _check_keys(data, {"suite", "engine", "sampling", "prompts", "schedule"}, where, prefix)
+    _check_keys(data, {"suite", "engine", "sampling", "prompts", "schedule", "lm_eval"}, where, prefix)
     tables = {}
-    for name in ("suite", "engine", "sampling", "prompts", "schedule"):
+    for name in ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval"):
         value = data.get(name, {})
         if not isinstance(value, dict):
             raise _fail(where, f"`{prefix}{name}` must be a table", f"write it as [{prefix}{name}]")
@@ -348,17 +389,22 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     if float(sampling["temperature"]) > 0 and "seed" not in sampling:
         raise _fail(where, f"`{sec}temperature` > 0 without `{sec}seed`", "set a sampling seed, or temperature = 0")
 
+    lm_eval = _lm_eval_config(tables["lm_eval"], root, where, f"{prefix}lm_eval.") if "lm_eval" in data else None
+
     prompts_t = tables["prompts"]
     sec = f"{prefix}prompts."
     _check_keys(prompts_t, {"file"}, where, sec)
     file_s = _typed(prompts_t, "file", str, where, sec)
-    if not file_s:
-        raise _fail(where, f"`{sec}file` is missing", "set it to a JSONL file of {\"id\": ..., \"prompt\": ...} lines")
-    prompts_file = _resolve(root, file_s, where, f"{sec}file")
-    if not _is_file(prompts_file):
-        state = "is a directory" if _is_dir(prompts_file) else "does not exist" if not prompts_file.exists() else "is not a regular file"
-        raise _fail(where, f"`{sec}file`: {prompts_file} {state}", "set it to an existing JSONL file (relative to the suite file)")
-    prompts = load_prompts(prompts_file)
+    prompts_file, prompts = None, []
+    if file_s:
+        prompts_file = _resolve(root, file_s, where, f"{sec}file")
+        if not _is_file(prompts_file):
+            state = "is a directory" if _is_dir(prompts_file) else "does not exist" if not prompts_file.exists() else "is not a regular file"
+            raise _fail(where, f"`{sec}file`: {prompts_file} {state}", "set it to an existing JSONL file (relative to the suite file)")
+        prompts = load_prompts(prompts_file)
+    elif lm_eval is None:
+        raise _fail(where, f"`{sec}file` is missing",
+                    "set it to a JSONL file of {\"id\": ..., \"prompt\": ...} lines, or name lm-eval tasks in [lm_eval]")
 
     sched_t = tables["schedule"]
     sec = f"{prefix}schedule."
@@ -383,7 +429,42 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     return Suite(
         name=name, path=path, model=model, tokenizer=tokenizer, engine_kind=kind, batch_invariant=batch_invariant,
         engine_args=engine_args, sampling=sampling, prompts_file=prompts_file, prompts=prompts, schedule=schedule,
-        code_paths=code_paths, database=db,
+        code_paths=code_paths, database=db, lm_eval=lm_eval,
+    )
+
+
+def _lm_eval_config(table: dict, root: Path, where: str, sec: str) -> LmEvalConfig:
+    _check_keys(table, LM_EVAL_KEYS, where, sec)
+    tasks = _typed(table, "tasks", list, where, sec, default=[])
+    if not tasks or not all(isinstance(t, str) and t.strip() for t in tasks):
+        raise _fail(where, f"`{sec}tasks` must be a non-empty list of task names",
+                    'e.g. tasks = ["my_task"] with include_path = ["tasks"], or built-in names such as "arc_easy"')
+    if len(set(tasks)) != len(tasks):
+        raise _fail(where, f"`{sec}tasks` names a task twice", "list every task once")
+    include = _typed(table, "include_path", (str, list), where, sec, default=[])
+    include = [include] if isinstance(include, str) else include
+    paths = []
+    for item in include:
+        if not isinstance(item, str):
+            raise _fail(where, f"`{sec}include_path` entries must be strings, got {item!r}", "list directories as strings")
+        p = _resolve(root, item, where, f"{sec}include_path")
+        if not _is_dir(p):
+            raise _fail(where, f"`{sec}include_path`: {p} is not a directory",
+                        "point it at a directory of lm-eval task YAML files (relative to the suite file)")
+        paths.append(p)
+    limit = _typed(table, "limit", (int, float), where, sec)
+    if limit is not None and (limit <= 0 or (isinstance(limit, float) and limit > 1.0)):
+        raise _fail(where, f"`{sec}limit` is {limit}", "use a document count (integer >= 1) or a fraction in (0, 1]")
+    num_fewshot = _typed(table, "num_fewshot", int, where, sec)
+    if num_fewshot is not None and num_fewshot < 0:
+        raise _fail(where, f"`{sec}num_fewshot` must be >= 0", "set num_fewshot to 0 or more")
+    bootstrap = _typed(table, "bootstrap_iters", int, where, sec, default=100000)
+    if bootstrap < 0:
+        raise _fail(where, f"`{sec}bootstrap_iters` must be >= 0", "use 0 to skip bootstrapped standard errors")
+    return LmEvalConfig(
+        tasks=tuple(tasks), include_path=tuple(paths), limit=limit, num_fewshot=num_fewshot,
+        fewshot_seed=_typed(table, "fewshot_seed", int, where, sec, default=1234), bootstrap_iters=bootstrap,
+        add_bos_token=_typed(table, "add_bos_token", bool, where, sec),
     )
 
 

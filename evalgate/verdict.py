@@ -59,6 +59,8 @@ class Report:
     promoted: bool = False
     # component -> what changed in it, for people (fingerprint.describe_changes); judged once, rendered anywhere
     fingerprint_changes: dict = field(default_factory=dict)
+    # lm-eval task metrics, baseline vs current, with the documents that moved (evalgate/scores.py)
+    metrics: list = field(default_factory=list)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -93,6 +95,7 @@ class Report:
             "changed_components": self.changed_components,
             "batch_invariance": self.batch_invariance,
             "requests": [v.to_dict() for v in self.verdicts if v.verdict != "stable"],
+            "metrics": self.metrics,
         }
 
 

@@ -11,6 +11,7 @@ from ..suite import Prompt, Suite
 class Engine(Protocol):
     kind: str
     launch_env: dict[str, str]  # allow-listed environment the engine started with (fingerprint `env`)
+    tokenizer: object  # the Hugging Face tokenizer the engine uses (lm-eval requests are tokenized with it)
 
     def identity(self) -> dict: ...
     def tokenize(self, prompt: Prompt) -> list[int]: ...

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import ConfigError, EngineError, MissingDependency
 from ..fingerprint import env_snapshot
 from ..records import Completion
-from ..suite import Prompt, Suite
+from ..suite import SCORING_TYPES, Prompt, Suite
 
 # Platforms whose vLLM build ships the batch-invariant kernels.
 INVARIANCE_PLATFORMS = ("cuda", "rocm", "xpu")
@@ -137,18 +137,40 @@ class VllmOfflineEngine:
         return self.llm.llm_engine.vllm_config.model_config.max_model_len
 
     def tokenize(self, prompt: Prompt) -> list[int]:
+        if prompt.request_type in SCORING_TYPES:  # context of the first window, then every scored token
+            first_context = list(prompt.segments[0][0]) if prompt.segments else []
+            return first_context + [t for _, continuation in prompt.segments for t in continuation]
+        if prompt.prompt_ids is not None:
+            return list(prompt.prompt_ids)
         return list(self.tokenizer.encode(prompt.text))
 
     def generate(self, prompts: list[Prompt]) -> list[Completion]:
-        """Submit these prompts together (one wave: they share the engine's batches)."""
+        """Submit these requests together (one wave: they share the engine's batches). A scoring request
+        (lm-eval loglikelihood) is one engine request per window, all in the same submission."""
         from vllm import SamplingParams
 
-        params = [SamplingParams(**self.suite.sampling_for(p)) for p in prompts]
+        inputs, params, owner = [], [], []
+        for i, p in enumerate(prompts):
+            sampling = SamplingParams(**self.suite.sampling_for(p))
+            if p.request_type in SCORING_TYPES:
+                for context, continuation in p.segments:
+                    inputs.append({"prompt_token_ids": list(context) + list(continuation)})
+                    params.append(sampling)
+                    owner.append(i)
+            else:
+                inputs.append({"prompt_token_ids": list(p.prompt_ids)} if p.prompt_ids is not None else p.text)
+                params.append(sampling)
+                owner.append(i)
         try:
-            outputs = self.llm.generate([p.text for p in prompts], params, use_tqdm=False)
+            outputs = self.llm.generate(inputs, params, use_tqdm=False)
         except Exception as exc:
             raise EngineError(f"vLLM failed during generation: {type(exc).__name__}: {exc}") from exc
-        return [_completion(p, out, params[i].logprobs) for i, (p, out) in enumerate(zip(prompts, outputs))]
+        per_request: list[list] = [[] for _ in prompts]
+        for i, out in zip(owner, outputs):
+            per_request[i].append(out)
+        k = self.suite.sampling["logprobs"]
+        return [_scored(p, outs, k, self.tokenizer) if p.request_type in SCORING_TYPES else _completion(p, outs[0], k)
+                for p, outs in zip(prompts, per_request)]
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
@@ -178,6 +200,37 @@ def _invariance_active() -> bool:
     return os.environ.get("VLLM_BATCH_INVARIANT") == "1"
 
 
+def _ranked(position: dict, k: int) -> tuple[list[int], list[float]]:
+    ranked = sorted(position.items(), key=lambda item: (item[1].rank, item[0]))[:k]
+    return [tid for tid, _ in ranked], [float(lp.logprob) for _, lp in ranked]
+
+
+def _scored(prompt: Prompt, request_outputs: list, k: int, tokenizer) -> Completion:
+    """A scoring request's record: its continuation tokens (every window's) with their prompt logprobs,
+    the top-k at each position, and is-greedy derivable from top-1."""
+    ids: list[int] = []
+    logprobs: list[float] = []
+    top_ids: list[list[int]] = []
+    top_lps: list[list[float]] = []
+    for (context, continuation), out in zip(prompt.segments, request_outputs):
+        positions = out.prompt_logprobs or []
+        for offset, token_id in enumerate(continuation):
+            position = positions[len(context) + offset]
+            ids.append(token_id)
+            logprobs.append(float(position[token_id].logprob))
+            row_ids, row_lps = _ranked(position, k)
+            top_ids.append(row_ids)
+            top_lps.append(row_lps)
+    return Completion(
+        key=prompt.key,
+        prompt_ids=list(request_outputs[0].prompt_token_ids or []) if request_outputs else [],
+        output_ids=ids, logprobs=logprobs, top_ids=top_ids, top_logprobs=top_lps,
+        token_texts=[tokenizer.decode([t]) for t in ids],
+        text=prompt.continuation if prompt.continuation is not None else tokenizer.decode(ids),
+        finish_reason="scored",
+    )
+
+
 def _completion(prompt: Prompt, request_output, k: int) -> Completion:
     out = request_output.outputs[0]
     ids = list(out.token_ids)
@@ -189,9 +242,9 @@ def _completion(prompt: Prompt, request_output, k: int) -> Completion:
         chosen = position[token_id]
         logprobs.append(float(chosen.logprob))
         texts.append(chosen.decoded_token or "")
-        ranked = sorted(position.items(), key=lambda item: (item[1].rank, item[0]))[:k]
-        top_ids.append([tid for tid, _ in ranked])
-        top_lps.append([float(lp.logprob) for _, lp in ranked])
+        row_ids, row_lps = _ranked(position, k)
+        top_ids.append(row_ids)
+        top_lps.append(row_lps)
     return Completion(
         key=prompt.key,
         prompt_ids=list(request_output.prompt_token_ids or []),

@@ -57,6 +57,9 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
         if len(differing) > MAX_ROWS:
             console.print(f"... and {len(differing) - MAX_ROWS} more (see --json-report)")
 
+    if report.metrics:
+        render_metrics(console, report)
+
     if report.failing:
         names = sorted({v.verdict for v in report.failing})
         console.print(f"[bold red]FAIL[/]: {len(report.failing)} request(s): {', '.join(names)} (exit {int(report.exit_code)})")
@@ -68,3 +71,35 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
         else:
             console.print(f"[red]run {report.run_id} was NOT promoted to baseline[/]: its passes disagree. "
                           "Fix the variance (batch invariance, max_num_seqs=1) or pass --allow-variance.")
+
+
+MAX_MOVED = 10
+
+
+def _num(value) -> str:
+    return "" if value is None else f"{value:.4g}"
+
+
+def render_metrics(console: Console, report: Report) -> None:
+    """lm-eval metrics, baseline and current side by side, then the documents that moved a metric."""
+    compared = report.baseline_run_id is not None
+    table = Table(title="task metrics (lm-eval, first pass)", title_justify="left")
+    columns = ("task", "metric", "baseline", "current", "delta", "docs moved") if compared else ("task", "metric", "value", "stderr")
+    for col in columns:
+        table.add_column(col, overflow="fold", **({} if col in ("task", "metric") else {"justify": "right", "no_wrap": True}))
+    for row in report.metrics:
+        if not compared:
+            table.add_row(row["task"], row["metric"], _num(row["current"]), _num(row.get("stderr")))
+            continue
+        delta = row["delta"]
+        delta_text = Text("" if delta is None else "=" if delta == 0 else f"{delta:+.4g}", style="yellow" if delta else "")
+        table.add_row(row["task"], row["metric"], _num(row["baseline"]), _num(row["current"]), delta_text,
+                      str(len(row["moved"])) if row["moved"] else "")
+    console.print(table)
+    for row in report.metrics:
+        for doc in row["moved"][:MAX_MOVED]:
+            requests = ", ".join(f"{r['key']} ({r['verdict']})" for r in doc["requests"])
+            console.print(f"  {row['task']} doc {doc['doc_id']}: {row['metric']} {_num(doc['baseline'])} -> "
+                          f"{_num(doc['current'])}  [{requests}]")
+        if len(row["moved"]) > MAX_MOVED:
+            console.print(f"  ... and {len(row['moved']) - MAX_MOVED} more documents (see --json-report)")

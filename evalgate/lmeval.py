@@ -1,0 +1,425 @@
+"""lm-eval tasks as evalgate requests: run unchanged, gated at the token level, scored by lm-eval itself.
+
+Three steps, all in the engine's process (evalgate/runner.py `run_suite`):
+1. `prepare`: find the suite's tasks (its include paths first; lm-eval's built-in tasks only when a name is
+   not found there), parse every task YAML of the include paths, anchor relative data paths to the task
+   file's directory (lm-eval resolves them against the working directory) and check they exist. Cheap, and
+   done before the engine starts, so a broken task file costs no engine start.
+2. `TaskRun.build`: lm-eval builds its requests (`simple_evaluate` with an LM that records them, tokenized
+   exactly as lm-eval tokenizes: `TemplateLM._encode_pair`, the rolling windows of its vLLM backend). They
+   become suite requests keyed `task/doc_id/idx/repeat` and run through the same schedule as plain prompts.
+3. `TaskRun.score`: lm-eval scores the first pass's records (`simple_evaluate` again, the LM answering from
+   them): lm-eval's own metrics, never reimplemented, per task and per document.
+
+lm-eval's caches (`use_cache`, `cache_requests`) are never used: they ignore model identity and data content.
+Local data files are re-read on every run (`download_mode="force_redownload"`) for the same reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, EvalgateError, MissingDependency
+from .hashing import digest
+from .suite import LmEvalConfig, Prompt, Suite
+
+DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default when a task sets no max_gen_toks
+
+
+def _import_lm_eval():
+    try:
+        import lm_eval  # noqa: F401
+        from lm_eval.api.model import TemplateLM  # noqa: F401
+    except ImportError:
+        raise MissingDependency("lm-eval (pip install 'lm-eval==0.4.13'; not its [vllm] extra, which pulls GPU vLLM)") from None
+    # lm-eval logs every task setting at INFO and warns about overridden few-shot counts: not evalgate's output.
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    logging.getLogger("lm-eval").setLevel(logging.ERROR)
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # built-in tasks use data already on this machine
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
+@dataclass
+class Prepared:
+    """The suite's tasks, found and checked; `specs` are what lm-eval loads (names, or anchored configs)."""
+
+    config: LmEvalConfig
+    manager: Any  # lm_eval.tasks.TaskManager
+    specs: list
+    sources: dict[str, str]  # task name -> its YAML file (or "lm-eval built-in")
+
+
+def prepare(config: LmEvalConfig, suite_path: Path) -> Prepared:
+    _import_lm_eval()
+    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    where = str(suite_path)
+    for directory in config.include_path:
+        for yaml_file in sorted([*directory.rglob("*.yaml"), *directory.rglob("*.yml")]):
+            try:
+                load_yaml(yaml_file, resolve_func=True)
+            except Exception as exc:  # yaml errors, a missing include, a !function that does not import
+                raise ConfigError(f"{yaml_file}: lm-eval task file does not load: {type(exc).__name__}: {exc}",
+                                  fix="fix the YAML (it is in the suite's [lm_eval].include_path)") from None
+    include = [str(p) for p in config.include_path] or None
+    manager = TaskManager(include_path=include, include_defaults=False)
+    if any(name not in manager.all_tasks for name in config.tasks):
+        # A name not in the include paths: lm-eval's built-in tasks (indexing them takes a few seconds).
+        manager = TaskManager(include_path=include, include_defaults=True)
+    for name in config.tasks:
+        if name not in manager.all_tasks:
+            import difflib
+
+            close = difflib.get_close_matches(name, manager.all_tasks, n=1)
+            raise ConfigError(
+                f"{where}: `lm_eval.tasks` names {name!r}, which is neither a task of the include paths "
+                f"({', '.join(map(str, config.include_path)) or 'none set'}) nor an lm-eval built-in task",
+                fix=f"did you mean {close[0]!r}?" if close else "check the name (the `task:` key of its YAML)",
+            )
+    specs: list = []
+    sources: dict[str, str] = {}
+    for name in config.tasks:
+        entry = manager.task_index[name]
+        yaml_path = Path(entry.yaml_path).resolve() if entry.yaml_path else None
+        ours = yaml_path is not None and any(yaml_path.is_relative_to(p) for p in config.include_path)
+        if ours and getattr(entry.kind, "name", "") == "TASK":
+            cfg = load_yaml(yaml_path, resolve_func=True)
+            specs.append(_anchor_data_paths(cfg, yaml_path))
+        else:  # groups, tags and built-in tasks load by name
+            specs.append(name)
+        sources[name] = str(yaml_path) if yaml_path else "lm-eval built-in"
+    return Prepared(config, manager, specs, sources)
+
+
+def _anchor_data_paths(cfg: dict, yaml_path: Path) -> dict:
+    """Relative `dataset_kwargs.data_files` (and a local `dataset_path`) resolve against the task file's
+    directory, so a suite runs the same from any working directory. A missing file is a ConfigError."""
+    base = yaml_path.parent
+    kwargs = dict(cfg.get("dataset_kwargs") or {})
+
+    def anchor(value: str) -> str:
+        if "://" in value:
+            return value
+        path = (base / value).resolve()
+        if not path.exists():
+            raise ConfigError(
+                f"{yaml_path}: `dataset_kwargs.data_files` names {value!r}, which does not exist ({path})",
+                fix="data paths in a task file are relative to the task file's directory",
+            )
+        return str(path)
+
+    files = kwargs.get("data_files")
+    if files is not None:
+        if isinstance(files, str):
+            files = anchor(files)
+        elif isinstance(files, list):
+            files = [anchor(f) for f in files]
+        elif isinstance(files, dict):
+            files = {split: anchor(f) if isinstance(f, str) else [anchor(x) for x in f] for split, f in files.items()}
+        kwargs["data_files"] = files
+        kwargs.setdefault("download_mode", "force_redownload")  # datasets' cache keys local files by mtime
+    dataset_path = cfg.get("dataset_path")
+    if isinstance(dataset_path, str) and dataset_path.startswith((".", "/")) and (base / dataset_path).exists():
+        cfg = {**cfg, "dataset_path": str((base / dataset_path).resolve())}
+    return {**cfg, "dataset_kwargs": kwargs} if kwargs else cfg
+
+
+def _lm_class():
+    """The TemplateLM subclass, defined lazily: lm-eval is imported only for suites that have tasks."""
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.models.utils import handle_stop_sequences, has_bos_prefix, maybe_truncate, normalize_gen_kwargs
+    from lm_eval.models.utils import postprocess_generated_text
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    class EvalgateLM(TemplateLM):
+        """Records lm-eval's requests (answers=None) or answers them from evalgate's records.
+
+        Tokenization follows lm-eval's vLLM backend: `tok_encode` (BOS as the tokenizer or `add_bos_token`
+        says), `_encode_pair` for context/continuation, left truncation, rolling windows of max_length - 2."""
+
+        def __init__(self, tokenizer, max_length: int, add_bos_token: bool | None, sampling: dict,
+                     answers: dict | None = None):
+            super().__init__()
+            self.tokenizer = tokenizer
+            self._max_length = max_length
+            self.add_bos_token = add_bos_token
+            self.sampling = sampling
+            self.answers = answers
+            self.recorded: list[Prompt] = []
+            self.docs: dict[str, dict[str, Any]] = {}  # task -> doc_id -> document, as evaluated
+            self._pending: list = []
+
+        # -- tokenization, as lm-eval's vLLM backend does it
+        @property
+        def eot_token_id(self) -> int:
+            return self.tokenizer.eos_token_id
+
+        @property
+        def prefix_token_id(self) -> int:
+            bos = self.tokenizer.bos_token_id
+            return bos if bos is not None else self.tokenizer.eos_token_id
+
+        @property
+        def max_length(self) -> int:
+            return self._max_length
+
+        def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+            if not string:
+                return []
+            flags: dict = {}
+            if add_special_tokens is not None:
+                flags["add_special_tokens"] = add_special_tokens
+            elif self.add_bos_token is not None:
+                flags["add_special_tokens"] = self.add_bos_token
+            if has_bos_prefix(string, self.tokenizer.decode(self.prefix_token_id)):
+                flags["add_special_tokens"] = False  # the text already starts with BOS (chat templates)
+            return list(self.tokenizer(string, **flags).input_ids)
+
+        def _keys(self, instances) -> list[str]:
+            """task/doc_id/idx/repeat: lm-eval passes an instance once per repeat, consecutively."""
+            seen: dict[tuple, int] = {}
+            keys = []
+            for inst in instances:
+                base = (inst.task_name, inst.doc_id, inst.idx)
+                seen[base] = seen.get(base, -1) + 1
+                keys.append(f"{inst.task_name}/{inst.doc_id}/{inst.idx}/{seen[base]}")
+            return keys
+
+        def _answer(self, key: str):
+            try:
+                return self.answers[key]
+            except KeyError:
+                raise EvalgateError(f"lm-eval built request {key!r} when scoring but not when running the suite",
+                                    fix="task building must be deterministic: check the task's process_docs") from None
+
+        def _record(self, key: str, inst, request_type: str, **fields) -> None:
+            self.docs.setdefault(inst.task_name, {})[str(inst.doc_id)] = _jsonable(inst.doc)
+            self.recorded.append(Prompt(key=key, max_tokens=None, line=0, request_type=request_type,
+                                        location=f"{inst.task_name} doc {inst.doc_id}", **fields))
+
+        # -- the three request types
+        def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+            keys = self._keys(requests)
+            results = []
+            eos = self.tokenizer.decode(self.eot_token_id)
+            for key, inst in zip(keys, requests):
+                context, gen_kwargs = inst.args
+                kwargs = normalize_gen_kwargs(gen_kwargs, default_max_gen_toks=DEFAULT_MAX_GEN_TOKS)
+                until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
+                max_gen_toks = int(kwargs.pop("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
+                kwargs.pop("do_sample", None)
+                if self.answers is None:
+                    ids, max_gen_toks = maybe_truncate(self.tok_encode(context), max_gen_toks=max_gen_toks,
+                                                       max_model_len=self.max_length, side="left", verbose=False)
+                    sampling = {"skip_special_tokens": False, "spaces_between_special_tokens": False, **kwargs,
+                                "max_tokens": max_gen_toks, "stop": until}
+                    self._record(key, inst, "generate_until", text=context, prompt_ids=tuple(ids), sampling=sampling)
+                    results.append("")
+                else:
+                    results.append(postprocess_generated_text(self._answer(key).text, until, None))
+            return results
+
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            self._pending = list(requests)
+            return super().loglikelihood(requests, disable_tqdm=True)  # _encode_pair, then _loglikelihood_tokens
+
+        def _loglikelihood_tokens(self, requests, **kwargs):
+            keys = self._keys(self._pending)
+            results = []
+            limit = self.max_length - 1  # the engine generates one token after the scored prompt
+            for key, inst, ((context, continuation), context_enc, continuation_enc) in zip(keys, self._pending, requests):
+                if self.answers is None:
+                    if len(continuation_enc) >= limit:
+                        raise ConfigError(f"{inst.task_name} doc {inst.doc_id}: the continuation is {len(continuation_enc)} "
+                                          f"tokens, over the engine's context ({self.max_length})",
+                                          fix="raise engine.max_model_len or shorten the task's choices")
+                    whole = (list(context_enc) + list(continuation_enc))[-limit:]  # left truncation, as lm-eval
+                    context_ids = whole[: len(whole) - len(continuation_enc)]
+                    self._record(key, inst, "loglikelihood", text=context, continuation=continuation,
+                                 segments=((tuple(context_ids), tuple(continuation_enc)),))
+                    results.append((0.0, False))
+                else:
+                    results.append(loglikelihood_result(self._answer(key)))
+            return results
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+            keys = self._keys(requests)
+            results = []
+            for key, inst in zip(keys, requests):
+                (string,) = inst.args
+                if self.answers is None:
+                    windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                        token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+                        max_seq_len=self.max_length - 2, context_len=1)]
+                    segments = tuple((tuple(ctx), tuple(cont)) for ctx, cont in windows)
+                    self._record(key, inst, "loglikelihood_rolling", text=string, continuation=string, segments=segments)
+                    results.append(0.0)
+                else:
+                    results.append(loglikelihood_result(self._answer(key))[0])
+            return results
+
+    return EvalgateLM
+
+
+def loglikelihood_result(completion) -> tuple[float, bool]:
+    """(sum of the continuation's logprobs, whether every token was the top-1), lm-eval's answer format."""
+    total = sum(completion.logprobs)
+    greedy = all(row_lps and lp >= row_lps[0] for lp, row_lps in zip(completion.logprobs, completion.top_logprobs))
+    return total, bool(greedy)
+
+
+@dataclass
+class TaskRun:
+    prepared: Prepared
+    tokenizer: Any
+    max_length: int
+    sampling: dict
+    identity: dict = field(default_factory=dict)
+    keys_by_doc: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+
+    def _evaluate(self, lm, *, scoring: bool) -> dict:
+        from lm_eval import simple_evaluate
+
+        config = self.prepared.config
+        try:
+            return simple_evaluate(
+                model=lm, tasks=list(self.prepared.specs), task_manager=self.prepared.manager, limit=config.limit,
+                num_fewshot=config.num_fewshot, fewshot_random_seed=config.fewshot_seed,
+                bootstrap_iters=config.bootstrap_iters if scoring else 0, log_samples=scoring,
+                use_cache=None, cache_requests=False,
+            )
+        except EvalgateError:
+            raise
+        except Exception as exc:  # a data file that does not parse, a dataset not on this machine, ...
+            raise ConfigError(f"lm-eval could not build the tasks {', '.join(config.tasks)}: {type(exc).__name__}: {exc}",
+                              fix="check the task YAML files and their data (built-in tasks need their data "
+                                  "downloaded on this machine)") from None
+
+    def build(self, suite: Suite) -> Suite:
+        """The suite with lm-eval's requests added after its plain prompts, and the tasks' identity."""
+        lm = _lm_class()(self.tokenizer, self.max_length, self.prepared.config.add_bos_token, self.sampling)
+        results = self._evaluate(lm, scoring=False)
+        requests = lm.recorded
+        if not requests:
+            raise ConfigError(f"{suite.path}: lm-eval built no requests for {', '.join(self.prepared.config.tasks)}",
+                              fix="check the tasks' splits and [lm_eval].limit")
+        for p in requests:
+            task, doc_id = p.key.split("/")[:2]
+            self.keys_by_doc.setdefault((task, int(doc_id)), []).append(p.key)
+        docs = _docs_by_task(lm)
+        self.identity = {
+            "lm_eval": _lm_eval_version(),
+            "settings": {"limit": self.prepared.config.limit, "num_fewshot": self.prepared.config.num_fewshot,
+                         "fewshot_seed": self.prepared.config.fewshot_seed,
+                         "add_bos_token": self.prepared.config.add_bos_token},
+            "tasks": {name: {"version": results.get("versions", {}).get(name),
+                             "config": digest(_portable_config(cfg)),
+                             "docs": digest(docs.get(name, {})), "n_docs": len(docs.get(name, {}))}
+                      for name, cfg in sorted(results.get("configs", {}).items())},
+        }
+        return replace(suite, prompts=[*suite.prompts, *requests], task_identity=self.identity)
+
+    def score(self, answers: dict) -> tuple[list[dict], list[dict]]:
+        """lm-eval's metrics on the given records (key -> Completion): (task scores, per-document scores)."""
+        lm = _lm_class()(self.tokenizer, self.max_length, self.prepared.config.add_bos_token, self.sampling, answers)
+        results = self._evaluate(lm, scoring=True)
+        scores = []
+        for task, metrics in results.get("results", {}).items():
+            for name, value in metrics.items():
+                if name in ("alias", "sample_len") or "_stderr," in name or not isinstance(value, (int, float)) or isinstance(value, bool):
+                    continue
+                metric, _, flt = name.partition(",")
+                stderr = metrics.get(f"{metric}_stderr,{flt}")
+                scores.append({"task": task, "metric": name, "value": _finite(value), "stderr": _finite(stderr)})
+        samples = []
+        for task, rows in results.get("samples", {}).items():
+            for row in rows:
+                metric_names = row.get("metrics") or []
+                for metric in metric_names:
+                    value = row.get(metric)
+                    if isinstance(value, bool) or not isinstance(value, (int, float)):
+                        continue
+                    samples.append({"task": task, "doc_id": int(row["doc_id"]), "metric": f"{metric},{row.get('filter', 'none')}",
+                                    "value": _finite(value), "request_keys": self.keys_by_doc.get((task, int(row["doc_id"])), [])})
+        return scores, samples
+
+
+def _finite(value) -> float | None:
+    """A metric value as stored and reported: a finite float, or None (lm-eval's "N/A", NaN, inf)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _docs_by_task(lm) -> dict[str, dict]:
+    """Each task's documents as lm-eval evaluated them (doc_id -> doc), from the recorded instances: the
+    data's identity whatever its source (local files, a dataset already on this machine)."""
+    return lm.docs
+
+
+def _portable_config(cfg: dict) -> dict:
+    """A task config for identity: local data files by content hash (not by absolute path, which differs
+    between checkouts), and without lm-eval's bookkeeping `metadata`."""
+    cfg = {k: v for k, v in cfg.items() if k != "metadata"}
+    kwargs = dict(cfg.get("dataset_kwargs") or {})
+    if "data_files" in kwargs:
+        kwargs["data_files"] = _hash_paths(kwargs["data_files"])
+        cfg["dataset_kwargs"] = kwargs
+    if isinstance(cfg.get("dataset_path"), str) and Path(cfg["dataset_path"]).is_absolute():
+        cfg["dataset_path"] = _hash_paths(cfg["dataset_path"])
+    return _jsonable(cfg)
+
+
+def _hash_paths(value):
+    if isinstance(value, str):
+        path = Path(value)
+        if path.is_file():
+            return {"sha256": _file_sha256(path)}
+        if path.is_dir():
+            return {"sha256": digest({str(p.relative_to(path)): _file_sha256(p) for p in sorted(path.rglob("*")) if p.is_file()})}
+        return value
+    if isinstance(value, list):
+        return [_hash_paths(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _hash_paths(v) for k, v in value.items()}
+    return value
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _jsonable(value):
+    """Canonical-JSON-able: functions (from `!function`) by qualified name, other objects by str()."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if callable(value):
+        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', repr(value))}"
+    return str(value)
+
+
+def _lm_eval_version() -> str:
+    from importlib.metadata import version
+
+    return version("lm_eval")
