@@ -13,6 +13,7 @@ label); then exactly one of ("done", timings), ("error", class name, message, fi
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 import queue as queue_module
 import signal
@@ -26,11 +27,13 @@ GRACE_SECONDS = 60  # how long an interrupted child may take to mark its run inc
 
 
 def run_in_worker(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings: Timings,
-                  progress: Progress | None = None, labels: dict | None = None) -> int:
-    """Execute the suite in a child process; return the run id (status still `running`)."""
+                  progress: Progress | None = None, labels: dict | None = None,
+                  env: dict[str, str] | None = None) -> int:
+    """Execute the suite in a child process; return the run id (status still `running`). `env`: variables
+    set in the child's environment only (e.g. per `evalgate cost` candidate), before the engine is imported."""
     ctx = multiprocessing.get_context("spawn")
     messages = ctx.Queue()
-    child = ctx.Process(target=_child_main, args=(suite, url, kind, schedule, labels, messages), name="evalgate-engine")
+    child = ctx.Process(target=_child_main, args=(suite, url, kind, schedule, labels, messages, env), name="evalgate-engine")
     child.start()
     run_id: int | None = None
     try:
@@ -89,7 +92,11 @@ def _exit_reason(code: int | None) -> str:
     return f"exit status {code}"
 
 
-def _child_main(suite: Suite, url: str, kind: str, schedule: Schedule, labels: dict | None, messages) -> None:
+def _child_main(suite: Suite, url: str, kind: str, schedule: Schedule, labels: dict | None, messages,
+                env: dict[str, str] | None = None) -> None:
+    if env:
+        os.environ.update(env)
+
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 

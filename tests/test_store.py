@@ -23,7 +23,8 @@ from evalgate.store import RunRecord, Store
 from evalgate.store.db import head_revision
 from evalgate.suite import load_suite
 
-TABLES = {"alembic_version", "fingerprints", "runs", "requests", "outputs", "verdicts", "baselines", "scores", "sample_scores"}
+TABLES = {"alembic_version", "fingerprints", "runs", "requests", "outputs", "verdicts", "baselines", "scores", "sample_scores",
+          "cost_results"}
 
 
 # --- helpers ---------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from . import demo, gate, history, models, report
+from . import cost, demo, gate, history, models, report
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Gate LLM serving determinism: batch variance and silent regressions, token by token.")
@@ -24,6 +24,7 @@ app.command("diff")(history.diff)
 app.command("report")(report.report)
 app.command("demo")(demo.demo)
 app.command("build-model")(models.build)
+app.command("cost")(cost.cost)
 
 
 def main() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint
+from sqlalchemy import (JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, LargeBinary, String, Text,
+                        UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from .portable import NulSafeText  # TEXT that keeps U+0000 on PostgreSQL too
@@ -138,3 +139,31 @@ class SampleScore(Base):
     metric: Mapped[str] = mapped_column(String(200))
     value: Mapped[float | None] = mapped_column(Float)
     request_keys: Mapped[list] = mapped_column(JSON)
+
+
+class CostResult(Base):
+    """One candidate engine configuration measured by `evalgate cost` (docs/cost.md): its throughput,
+    latency, memory and whether its passes agreed. The candidate's passes are a run of kind `cost`
+    (`run_id`); a candidate that could not run (unavailable on this platform, engine failed to start)
+    has a row with its reason and no run. `session` ties the candidates of one `evalgate cost` together."""
+
+    __tablename__ = "cost_results"
+    __table_args__ = (UniqueConstraint("session", "candidate"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session: Mapped[str] = mapped_column(String(64), index=True)
+    suite_name: Mapped[str] = mapped_column(String(200))
+    candidate: Mapped[str] = mapped_column(String(200))
+    position: Mapped[int] = mapped_column(Integer)  # order within the session
+    status: Mapped[str] = mapped_column(String(20))  # measured | unavailable | failed
+    reason: Mapped[str | None] = mapped_column(NulSafeText)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    config: Mapped[dict] = mapped_column(JSON)  # engine args, batch_invariant, env (secrets redacted)
+    invariant: Mapped[bool | None] = mapped_column(Boolean)
+    differing_requests: Mapped[int | None] = mapped_column(Integer)
+    requests: Mapped[int | None] = mapped_column(Integer)
+    highest_concurrency: Mapped[int | None] = mapped_column(Integer)
+    tokens_per_second: Mapped[float | None] = mapped_column(Float)  # at the highest concurrency
+    peak_rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    engine_load_seconds: Mapped[float | None] = mapped_column(Float)
+    figures: Mapped[dict | None] = mapped_column(JSON)  # per concurrency level: throughput and latency
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
