@@ -20,7 +20,7 @@ import signal
 
 from . import errors
 from .errors import EngineError, EvalgateError
-from .runner import Progress, Timings, execute, load_engine
+from .runner import Progress, Timings, run_suite
 from .suite import Schedule, Suite
 
 GRACE_SECONDS = 60  # how long an interrupted child may take to mark its run incomplete
@@ -107,10 +107,9 @@ def _child_main(suite: Suite, url: str, kind: str, schedule: Schedule, labels: d
     code = 0
     try:
         timings = Timings()
-        engine = load_engine(suite, timings)  # validates engine args before anything is written
-        execute(suite, url, engine, kind=kind, schedule=schedule, timings=timings,
-                progress=lambda done, total, label: messages.put(("progress", done, total, label)),
-                on_run=lambda run_id: messages.put(("run", run_id)), labels=labels)
+        run_suite(suite, url, kind=kind, schedule=schedule, timings=timings,
+                  progress=lambda done, total, label: messages.put(("progress", done, total, label)),
+                  on_run=lambda run_id: messages.put(("run", run_id)), labels=labels)
         messages.put(("done", dict(timings)))
     except KeyboardInterrupt:
         messages.put(("interrupted",))

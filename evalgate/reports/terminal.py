@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -99,7 +100,7 @@ def render_metrics(console: Console, report: Report) -> None:
     for row in report.metrics:
         for doc in row["moved"][:MAX_MOVED]:
             requests = ", ".join(f"{r['key']} ({r['verdict']})" for r in doc["requests"])
-            console.print(f"  {row['task']} doc {doc['doc_id']}: {row['metric']} {_num(doc['baseline'])} -> "
-                          f"{_num(doc['current'])}  [{requests}]")
+            console.print(escape(f"  {row['task']} doc {doc['doc_id']}: {row['metric']} {_num(doc['baseline'])} -> "
+                                 f"{_num(doc['current'])}  [{requests}]"))
         if len(row["moved"]) > MAX_MOVED:
             console.print(f"  ... and {len(row['moved']) - MAX_MOVED} more documents (see --json-report)")

@@ -18,7 +18,7 @@ from ..errors import ConfigError, StoreError
 from ..fingerprint import fingerprint_hash
 from ..records import Completion, pack_floats, pack_ids, unpack_floats, unpack_ids
 from .db import display_url, make_engine, migrate, sqlite_path
-from .models import Baseline, Fingerprint, Output, Request, Run, Verdict, utcnow
+from .models import Baseline, Fingerprint, Output, Request, Run, SampleScore, Score, Verdict, utcnow
 
 
 @dataclass
@@ -88,7 +88,7 @@ class Store:
             for p in suite.prompts:
                 s.add(Request(run_id=run.id, key=p.key, request_hash=suite.request_hash(p), prompt=p.text,
                               prompt_ids=pack_ids(prompt_ids[p.key]), sampling=suite.sampling_for(p),
-                              location=locations.get(p.key)))
+                              location=locations.get(p.key), request_type=p.request_type))
             return run.id
 
         return self._write(write)
@@ -181,6 +181,23 @@ class Store:
             self.finish_run(run_id, status=status, error=error, exit_code=3)
         except Exception:
             pass  # the row stays `running`, which is just as unpromotable
+
+    # --- lm-eval metrics -------------------------------------------------------------------------------
+
+    def add_scores(self, run_id: int, scores: list[dict], samples: list[dict]) -> None:
+        """A run's task metrics and per-document metric values (evalgate/lmeval.py `TaskRun.score`)."""
+        def write(s: Session) -> None:
+            s.add_all(Score(run_id=run_id, **row) for row in scores)
+            s.add_all(SampleScore(run_id=run_id, **row) for row in samples)
+
+        self._write(write)
+
+    def load_scores(self, run_id: int) -> tuple[list[Score], list[SampleScore]]:
+        with self.session() as s:
+            scores = list(s.scalars(select(Score).where(Score.run_id == run_id).order_by(Score.task, Score.metric)))
+            samples = list(s.scalars(select(SampleScore).where(SampleScore.run_id == run_id)
+                                     .order_by(SampleScore.task, SampleScore.metric, SampleScore.doc_id)))
+        return scores, samples
 
     # --- baselines -------------------------------------------------------------------------------------
 
