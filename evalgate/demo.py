@@ -2,7 +2,8 @@
 
 1. build (or reuse) the tiny model; 2. write a suite, prompts and the example lm-eval tasks
 (examples/lm_eval/tasks) into a workspace; 3. create a baseline; 4. check against it (pass); 5. swap the
-weights at the same path and check again (explained `model` change, with the tasks' metrics moving).
+weights at the same path for a checkpoint trained for fewer steps and check again (explained `model`
+change; the arithmetic task's exact match visibly drops, naming the documents that moved).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def write_workspace(directory: Path, seed: int = 0) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     model = directory / "model"
     if not (model / "config.json").is_file():
-        build_model(model, "tiny", seed)
+        build_model(model, "arith", seed)  # the tiny model, trained for a minute on the example task's sums
     (directory / "prompts.jsonl").write_text(
         "".join(json.dumps({"id": f"demo-{i:02d}", "prompt": p}) + "\n" for i, p in enumerate(DEMO_PROMPTS)),
         encoding="utf-8",

@@ -12,7 +12,7 @@ from .errors import ConfigError, EngineError, NoBaselineError
 from .fingerprint import component, hardware_component
 from .fingerprint import delta as fingerprint_delta
 from .runner import Progress, Timings
-from .scores import compare_scores
+from .scores import compare_scores, task_changes
 from .schedule import with_overrides
 from .shard import Shard
 from .store import Run, Store, open_store
@@ -45,6 +45,7 @@ def _judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: 
         baseline = store.load(baseline_run_id) if baseline_run_id is not None else None
         report = judge(current, baseline, kind=kind, strict=strict, in_scope=in_scope)
         report.metrics = compare_scores(store, run_id, baseline_run_id, {v.key: v.verdict for v in report.verdicts})
+        report.task_changes = task_changes(baseline.fingerprint, current.fingerprint) if baseline else {}
         report.promoted = promote_if(report)
         timings.add("evalgate", time.perf_counter() - t0)
         store.finish_run(
@@ -178,7 +179,10 @@ def compare_runs(store: Store, run_a: int, run_b: int) -> Report:
     if not a.outputs or not b.outputs:
         raise ConfigError(f"run {run_a if not a.outputs else run_b} has no outputs to compare",
                           fix="pick runs that got past engine start (see `evalgate runs list`)")
-    return judge(b, a, kind="diff")
+    report = judge(b, a, kind="diff")
+    report.metrics = compare_scores(store, run_b, run_a, {v.key: v.verdict for v in report.verdicts})
+    report.task_changes = task_changes(a.fingerprint, b.fingerprint)
+    return report
 
 
 def resolve_schedule(suite: Suite, concurrency=None, shuffles=None, repeats=None) -> Schedule:

@@ -101,7 +101,21 @@ def prepare(config: LmEvalConfig, suite_path: Path) -> Prepared:
         else:  # groups, tags and built-in tasks load by name
             specs.append(name)
         sources[name] = str(yaml_path) if yaml_path else "lm-eval built-in"
+        _check_loads(manager, specs[-1], name, sources[name])
     return Prepared(config, manager, specs, sources)
+
+
+def _check_loads(manager, spec, name: str, source: str) -> None:
+    """Build the task once (its data included) so a data file that does not parse, or a built-in task
+    whose data is not on this machine, is an error naming the task before the engine starts."""
+    try:
+        manager.load([spec])
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"{source}: lm-eval could not load task {name!r}: {type(exc).__name__}: {exc}",
+                          fix="check the task's data files (JSON Lines, one object per line); a built-in task "
+                              "needs its dataset already downloaded on this machine (evalgate runs offline)") from None
 
 
 def _anchor_data_paths(cfg: dict, yaml_path: Path) -> dict:
@@ -326,7 +340,7 @@ class TaskRun:
                          "fewshot_seed": self.prepared.config.fewshot_seed,
                          "add_bos_token": self.prepared.config.add_bos_token},
             "tasks": {name: {"version": results.get("versions", {}).get(name),
-                             "config": digest(_portable_config(cfg)),
+                             "config": digest(_portable_config(cfg)), "data": digest(_data_hashes(cfg)),
                              "docs": digest(docs.get(name, {})), "n_docs": len(docs.get(name, {}))}
                       for name, cfg in sorted(results.get("configs", {}).items())},
         }
@@ -370,31 +384,48 @@ def _docs_by_task(lm) -> dict[str, dict]:
     return lm.docs
 
 
-def _portable_config(cfg: dict) -> dict:
-    """A task config for identity: local data files by content hash (not by absolute path, which differs
-    between checkouts), and without lm-eval's bookkeeping `metadata`."""
-    cfg = {k: v for k, v in cfg.items() if k != "metadata"}
-    kwargs = dict(cfg.get("dataset_kwargs") or {})
-    if "data_files" in kwargs:
-        kwargs["data_files"] = _hash_paths(kwargs["data_files"])
-        cfg["dataset_kwargs"] = kwargs
+def _local_data(cfg: dict) -> dict:
+    """The task's local data paths: `dataset_kwargs.data_files` and an absolute `dataset_path`."""
+    data = {}
+    files = (cfg.get("dataset_kwargs") or {}).get("data_files")
+    if files is not None:
+        data["data_files"] = files
     if isinstance(cfg.get("dataset_path"), str) and Path(cfg["dataset_path"]).is_absolute():
-        cfg["dataset_path"] = _hash_paths(cfg["dataset_path"])
+        data["dataset_path"] = cfg["dataset_path"]
+    return data
+
+
+def _portable_config(cfg: dict) -> dict:
+    """A task config for identity: local data paths by file name (absolute paths differ between checkouts;
+    their content is the separate `data` identity), without lm-eval's bookkeeping `metadata`."""
+    cfg = {k: v for k, v in cfg.items() if k != "metadata"}
+    local = _local_data(cfg)
+    if "data_files" in local:
+        cfg["dataset_kwargs"] = {**cfg["dataset_kwargs"], "data_files": _map_paths(local["data_files"], lambda p: p.name)}
+    if "dataset_path" in local:
+        cfg["dataset_path"] = Path(local["dataset_path"]).name
     return _jsonable(cfg)
 
 
-def _hash_paths(value):
-    if isinstance(value, str):
-        path = Path(value)
+def _data_hashes(cfg: dict) -> dict:
+    """SHA-256 of every local data file (a directory: of each file in it)."""
+    def content(path: Path):
         if path.is_file():
-            return {"sha256": _file_sha256(path)}
+            return _file_sha256(path)
         if path.is_dir():
-            return {"sha256": digest({str(p.relative_to(path)): _file_sha256(p) for p in sorted(path.rglob("*")) if p.is_file()})}
-        return value
+            return {str(p.relative_to(path)): _file_sha256(p) for p in sorted(path.rglob("*")) if p.is_file()}
+        return None
+
+    return {k: _map_paths(v, content) for k, v in _local_data(cfg).items()}
+
+
+def _map_paths(value, fn):
+    if isinstance(value, str):
+        return fn(Path(value)) if "://" not in value else value
     if isinstance(value, list):
-        return [_hash_paths(v) for v in value]
+        return [_map_paths(v, fn) for v in value]
     if isinstance(value, dict):
-        return {k: _hash_paths(v) for k, v in value.items()}
+        return {k: _map_paths(v, fn) for k, v in value.items()}
     return value
 
 

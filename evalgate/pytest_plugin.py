@@ -4,6 +4,10 @@ The suite runs once (`evalgate check` against its baseline) in the setup of its 
 is then a test item named by its request key that fails with its token diff. Engine, infrastructure and
 "no baseline" problems happen in setup, so pytest reports them as errors, not failures. pytest's own
 `--junitxml` and the user's existing CI then gate on it. Does nothing unless `--evalgate` is given.
+
+lm-eval requests exist only once lm-eval builds them (in the run), so an lm-eval task is one test item
+named `lm_eval:TASK` that fails with the diffs of its failing requests (a group or tag name covers the
+requests of tasks not named themselves).
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ class SuiteCollector(pytest.File):
         self.session_run = SuiteRun(suite, self.config)
         for prompt in suite.prompts:
             yield RequestItem.from_parent(self, name=prompt.key, run=self.session_run)
+        named = set(suite.lm_eval.tasks) if suite.lm_eval else set()
+        for task in sorted(named):
+            yield TaskItem.from_parent(self, name=f"lm_eval:{task}", run=self.session_run, task=task, named=named)
 
 
 class SuiteRun:
@@ -95,6 +102,36 @@ class RequestItem(pytest.Item):
 
     def reportinfo(self):
         return self.path, None, f"evalgate request {self.name}"
+
+
+class TaskItem(RequestItem):
+    """All requests of one lm-eval task (keys `task/doc/idx/repeat`)."""
+
+    def __init__(self, *, task: str, named: set[str], **kwargs):
+        super().__init__(**kwargs)
+        self.task, self.named = task, named
+
+    def _mine(self, key: str) -> bool:
+        prefix = key.split("/", 1)[0] if key.count("/") >= 3 else None
+        if prefix is None:  # a plain prompt
+            return False
+        return prefix == self.task or (prefix not in self.named and self.task not in self._tasks_seen())
+
+    def _tasks_seen(self) -> set[str]:
+        return {v.key.split("/", 1)[0] for v in self.report.verdicts if v.key.count("/") >= 3}
+
+    def runtest(self):
+        mine = [v for v in self.report.verdicts if self._mine(v.key)]
+        failing = [v for v in mine if v in self.report.failing]
+        if failing:
+            raise RequestRegression(f"{len(failing)} of {len(mine)} request(s) of lm-eval task {self.task} failed\n\n"
+                                    + "\n\n".join(describe(v) for v in failing[:20]))
+        changed = [v for v in mine if v.verdict != "stable"]
+        if changed:
+            self.add_report_section("call", "evalgate", "\n\n".join(describe(v) for v in changed[:20]))
+
+    def reportinfo(self):
+        return self.path, None, f"evalgate lm-eval task {self.task}"
 
 
 def describe(verdict) -> str:

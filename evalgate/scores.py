@@ -35,3 +35,31 @@ def compare_scores(store: Store, run_id: int, baseline_run_id: int | None, verdi
             "stderr": cur.stderr if cur else None, "moved": moved.get((task, metric), []),
         })
     return rows
+
+
+def task_changes(baseline_fingerprint: dict, current_fingerprint: dict) -> dict[str, str]:
+    """Which lm-eval tasks changed between two runs' `suite` identities, and how (configuration, documents,
+    data files, lm-eval version or settings): a changed data file is named even when no request changed because of it."""
+    def tasks(fp: dict) -> dict:
+        return ((fp.get("suite") or {}).get("data") or {}).get("tasks") or {}
+
+    old, new = tasks(baseline_fingerprint), tasks(current_fingerprint)
+    changes: dict[str, str] = {}
+    for key in ("lm_eval", "settings"):
+        if old.get(key) != new.get(key) and old and new:
+            changes[f"({key})"] = f"{old.get(key)!r} -> {new.get(key)!r}"
+    old_tasks, new_tasks = old.get("tasks", {}), new.get("tasks", {})
+    for name in sorted(set(old_tasks) | set(new_tasks)):
+        a, b = old_tasks.get(name), new_tasks.get(name)
+        if a == b:
+            continue
+        if a is None or b is None:
+            changes[name] = "added" if a is None else "removed"
+            continue
+        what = [label for field, label in (("config", "configuration"), ("data", "data files"), ("docs", "documents"),
+                                                      ("version", "version"))
+                if a.get(field) != b.get(field)]
+        if a.get("n_docs") != b.get("n_docs"):
+            what.append(f"{a.get('n_docs')} -> {b.get('n_docs')} documents")
+        changes[name] = ", ".join(what) or "changed"
+    return changes

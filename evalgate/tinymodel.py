@@ -6,6 +6,10 @@ tests need no model hub. Two presets:
 - `tiny` (about 0.9M parameters, head_dim 64 as the CPU attention kernels need, fp32): fast, and shows no batch variance; the green path.
 - `small` (about 52M parameters, served in bf16): shows real batch variance on CPU kernels; the negative
   control for the batch-variance and silent-regression verdicts.
+- `arith`: the `tiny` architecture trained for about a minute on one-digit sums in the few-shot format of
+  the example lm-eval task (examples/lm_eval/tasks/arith.yaml), so that task's exact match is far from zero
+  and a checkpoint trained for fewer steps visibly moves it. Training is single-threaded with fixed seeds:
+  the same preset, seed and steps give the same bytes on a machine (another CPU may round differently).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ PRESETS: dict[str, dict] = {
     "small": dict(vocab_size=4096, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
                   num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=1024),
 }
+PRESETS["arith"] = PRESETS["tiny"]
+TRAIN_STEPS = {"arith": 500}  # presets that are trained, and their default number of optimizer steps
 BUILDER_VERSION = 1  # bump when the build recipe changes: it is part of the cache key
 
 # A small, fixed English corpus for the tokenizer; the model is random, so content only shapes merges.
@@ -56,8 +62,9 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("EVALGATE_HOME", Path.home() / ".cache" / "evalgate")) / "models"
 
 
-def build_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
-    """Write a model directory (config, safetensors weights, tokenizer) to out_dir, replacing it."""
+def build_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0, steps: int | None = None) -> Path:
+    """Write a model directory (config, safetensors weights, tokenizer) to out_dir, replacing it. `steps`:
+    training steps of a trained preset (default TRAIN_STEPS[preset]); ignored by untrained presets."""
     try:
         import torch
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -67,6 +74,9 @@ def build_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0) -> Pat
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     params = PRESETS[preset]
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" bars: not evalgate's output
     out_dir = Path(out_dir).resolve()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
@@ -88,10 +98,12 @@ def build_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0) -> Pat
             torch_dtype="float32",
         )
         model = LlamaForCausalLM(config)
+        recipe = {"preset": preset, "seed": seed, "builder": BUILDER_VERSION, "params": params}
+        if preset in TRAIN_STEPS:
+            recipe["steps"] = TRAIN_STEPS[preset] if steps is None else steps
+            _train_arith(model, fast, recipe["steps"], seed)
         model.save_pretrained(tmp, safe_serialization=True)
-        (tmp / "evalgate-model.json").write_text(
-            json.dumps({"preset": preset, "seed": seed, "builder": BUILDER_VERSION, "params": params}, sort_keys=True)
-        )
+        (tmp / "evalgate-model.json").write_text(json.dumps(recipe, sort_keys=True))
         tmp.chmod(0o755)
         for f in tmp.iterdir():
             f.chmod(0o644)
@@ -104,9 +116,60 @@ def build_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0) -> Pat
     return out_dir
 
 
+def _train_arith(model, tokenizer, steps: int, seed: int, batch_size: int = 32, learning_rate: float = 2e-3) -> None:
+    """Teach one-digit sums in the example task's few-shot format ("Q: 3 + 4 =\nA: 7", shots joined by a
+    blank line); only the answer tokens are scored. Measured: about 85-95% exact match after 500 steps."""
+    import random
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: a fixed reduction order, so the same weights every build
+    try:
+        rng = random.Random(seed)
+        torch.manual_seed(seed)
+        facts = [(a, b) for a in range(10) for b in range(10)]
+
+        def example() -> tuple[list[int], list[int]]:
+            ids: list[int] = []
+            labels: list[int] = []
+            for shot in range(3):
+                a, b = rng.choice(facts)
+                question = tokenizer(("\n\n" if shot else "") + f"Q: {a} + {b} =\nA:").input_ids
+                answer = tokenizer(f" {a + b}\n").input_ids
+                ids += question + answer
+                labels += [-100] * len(question) + answer
+            return ids, labels
+
+        optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+        model.train()
+        for step in range(steps):
+            batch = [example() for _ in range(batch_size)]
+            width = max(len(ids) for ids, _ in batch)
+            input_ids = torch.full((batch_size, width), tokenizer.eos_token_id)
+            attention = torch.zeros((batch_size, width), dtype=torch.long)
+            labels = torch.full((batch_size, width), -100)
+            for row, (ids, label) in enumerate(batch):
+                input_ids[row, : len(ids)] = torch.tensor(ids)
+                attention[row, : len(ids)] = 1
+                labels[row, : len(label)] = torch.tensor(label)
+            for group in optimizer.param_groups:  # linear decay to zero: a stable end point
+                group["lr"] = learning_rate * (1 - step / steps)
+            loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        model.eval()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def cached_model(preset: str = "tiny", seed: int = 0, cache_dir: str | Path | None = None) -> Path:
     """The model for (preset, seed), built once into the cache directory and reused afterwards."""
-    key = digest({"preset": preset, "seed": seed, "builder": BUILDER_VERSION, "params": PRESETS[preset]})[:12]
+    recipe = {"preset": preset, "seed": seed, "builder": BUILDER_VERSION, "params": PRESETS[preset]}
+    if preset in TRAIN_STEPS:
+        recipe["steps"] = TRAIN_STEPS[preset]
+    key = digest(recipe)[:12]
     target = Path(cache_dir or default_cache_dir()) / f"{preset}-seed{seed}-{key}"
     if not (target / "config.json").is_file() or not (target / "model.safetensors").is_file():
         target.parent.mkdir(parents=True, exist_ok=True)

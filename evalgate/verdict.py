@@ -61,6 +61,7 @@ class Report:
     fingerprint_changes: dict = field(default_factory=dict)
     # lm-eval task metrics, baseline vs current, with the documents that moved (evalgate/scores.py)
     metrics: list = field(default_factory=list)
+    task_changes: dict = field(default_factory=dict)  # lm-eval task -> what changed in its identity
 
     @property
     def counts(self) -> dict[str, int]:
@@ -96,6 +97,7 @@ class Report:
             "batch_invariance": self.batch_invariance,
             "requests": [v.to_dict() for v in self.verdicts if v.verdict != "stable"],
             "metrics": self.metrics,
+            "task_changes": self.task_changes,
         }
 
 

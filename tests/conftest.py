@@ -84,6 +84,12 @@ def tiny_model(evalgate_home) -> Path:
 
 
 @pytest.fixture(scope="session")
+def arith_model(evalgate_home) -> Path:
+    """The tiny architecture trained on the example lm-eval task's sums (about 80 s to build)."""
+    return _build("arith", 0, evalgate_home)
+
+
+@pytest.fixture(scope="session")
 def small_model(evalgate_home) -> Path:
     return _build("small", 0, evalgate_home)
 

@@ -25,13 +25,14 @@ TASKS = {"evalgate_arith": "generate_until", "evalgate_capitals": "loglikelihood
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory, tiny_model, cli_env):
-    """The example copied beside a private copy of the tiny model (so its weights can be swapped), with a baseline."""
+def workspace(tmp_path_factory, arith_model, cli_env):
+    """The example copied beside a private copy of the demo's model (the tiny architecture trained on the
+    example's sums; a copy, so its weights can be swapped), with a baseline."""
     root = tmp_path_factory.mktemp("lm-eval")
     ws = root / "example"
     shutil.copytree(EXAMPLE / "tasks", ws / "tasks")
     shutil.copy(EXAMPLE / "prompts.jsonl", ws / "prompts.jsonl")
-    shutil.copytree(tiny_model, ws / "model")
+    shutil.copytree(arith_model, ws / "model")
     (ws / "evalgate.toml").write_text((EXAMPLE / "evalgate.toml").read_text(encoding="utf-8"), encoding="utf-8")
     elsewhere = root / "cwd"
     elsewhere.mkdir()
@@ -73,6 +74,8 @@ def test_example_tasks_create_then_check_with_metrics_side_by_side(workspace):
     assert 0.0 <= acc["current"] <= 1.0
     ppl = metric(report, "evalgate_sentences", "word_perplexity,none")
     assert ppl["current"] > 1.0
+    exact = metric(report, "evalgate_arith", "exact_match,strip")
+    assert exact["current"] >= 0.5, "the trained model should answer most one-digit sums"
     assert "task metrics" in checked.stdout and "evalgate_capitals" in checked.stdout
 
     # The capitals task asks for each of 4 choices: 12 documents x 4 loglikelihood requests.
@@ -97,16 +100,19 @@ def test_changed_data_file_is_an_explained_suite_change(workspace):
     assert changed and all(r["verdict"] == "explained_change" and r["components"] == ["suite"]
                            for r in report["requests"])
     assert all(k.startswith("evalgate_capitals/") for k in changed)  # the other tasks did not move
+    assert report["task_changes"] == {"evalgate_capitals": "data files, documents"}  # named even where no request moved
     peru_doc = next(i for i, line in enumerate(original.splitlines()) if '"Peru"' in line)
     assert {f"evalgate_capitals/{peru_doc}/{i}/0" for i in range(4)} <= changed
 
 
 def test_changed_model_moves_metrics_and_is_explained(workspace, cli_env):
+    """New weights at the same path: a checkpoint trained for fewer steps. The arithmetic task's exact match
+    drops, and the report names the documents that moved and their (explained) requests."""
     ws, cli, root = workspace
-    saved = root / "model-seed0"
+    saved = root / "model-trained"
     shutil.copytree(ws / "model", saved)
     builder = CLI(cli_env, root)
-    builder("build-model", ws / "model", "--preset", "tiny", "--seed", "1", check=0)
+    builder("build-model", ws / "model", "--preset", "arith", "--steps", "150", check=0)
     try:
         cli("check", ws / "evalgate.toml", "--json-report", root / "model.json", check=0)
         cli("check", ws / "evalgate.toml", "--strict", check=1)  # an explained change fails under --strict
@@ -118,8 +124,15 @@ def test_changed_model_moves_metrics_and_is_explained(workspace, cli_env):
     assert report["counts"]["silent_regression"] == 0 and report["counts"]["explained_change"] > 0
     ppl = metric(report, "evalgate_sentences", "word_perplexity,none")
     assert ppl["delta"] != 0 and ppl["baseline"] != ppl["current"]
+    exact = metric(report, "evalgate_arith", "exact_match,strip")
+    assert exact["current"] < exact["baseline"] and exact["delta"] == exact["current"] - exact["baseline"]
+    assert len(exact["moved"]) >= 3 and all(doc["baseline"] == 1.0 and doc["current"] == 0.0 or
+                                            doc["baseline"] == 0.0 and doc["current"] == 1.0 for doc in exact["moved"])
+    assert [r["key"] for r in exact["moved"][0]["requests"]] == [f"evalgate_arith/{exact['moved'][0]['doc_id']}/0/0"]
+    cli("report", str(report["run_id"]), "--suite", ws / "evalgate.toml", "--html", root / "model.html", check=0)
+    html = (root / "model.html").read_text(encoding="utf-8")
+    assert "Task metrics (lm-eval)" in html and "exact_match,strip" in html
     moved = [doc for row in report["metrics"] for doc in row["moved"]]
-    assert moved, "a different random model should move some document's metric"
     for doc in moved:  # every document that moved names its requests, and they changed explicably
         assert doc["requests"] and all(r["verdict"] == "explained_change" for r in doc["requests"])
 
@@ -183,3 +196,37 @@ def test_broken_task_is_exit_2_naming_the_file(tmp_path, tiny_model, cli, breaka
     for text in expected:
         assert text in proc.stderr, proc.stderr
     assert not (ws / "evalgate.sqlite").exists()  # nothing written, not even an empty database
+
+
+def test_pytest_plugin_has_one_item_per_task(workspace):
+    """`pytest --evalgate`: plain prompts are one item each, an lm-eval task is one item `lm_eval:TASK`
+    that fails with the diffs of its failing requests (here: a changed data file under --evalgate-strict)."""
+    import subprocess
+    import sys
+    import xml.etree.ElementTree as ET
+
+    ws, cli, root = workspace
+
+    def run_pytest(junit, *args):
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--evalgate",
+                               str(ws / "evalgate.toml"), "--junitxml", str(junit), *args],
+                              cwd=cli.cwd, env=cli.env, capture_output=True, text=True, timeout=900)
+        cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+        return proc, cases
+
+    proc, cases = run_pytest(root / "plugin-pass.xml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(cases) == ["hello", *(f"lm_eval:{t}" for t in sorted(TASKS)), "story"]
+
+    data = ws / "tasks" / "capitals.jsonl"
+    original = data.read_text(encoding="utf-8")
+    data.write_text(original.replace('"Peru"', '"Ecuador"'), encoding="utf-8")
+    try:
+        proc, cases = run_pytest(root / "plugin-strict.xml", "--evalgate-strict")
+    finally:
+        data.write_text(original, encoding="utf-8")
+    assert proc.returncode == 1
+    failed = {name for name, case in cases.items() if case.find("failure") is not None}
+    assert failed == {"lm_eval:evalgate_capitals"}
+    text = cases["lm_eval:evalgate_capitals"].find("failure").text
+    assert "of lm-eval task evalgate_capitals failed" in text and "explained_change" in text

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from evalgate.errors import ConfigError
-from evalgate.lmeval import _anchor_data_paths, _portable_config, loglikelihood_result, prepare
+from evalgate.lmeval import _anchor_data_paths, _data_hashes, _portable_config, loglikelihood_result, prepare
 from evalgate.records import Completion
 from evalgate.suite import Prompt, load_suite
 
@@ -78,7 +78,9 @@ def test_data_paths_resolve_against_the_task_file(tmp_path):
     assert cfg["dataset_kwargs"]["download_mode"] == "force_redownload"  # datasets' cache keys local files by mtime
     # Identity holds the file's content hash, not its absolute path (which differs between checkouts).
     portable = _portable_config(cfg)
-    assert str(tmp_path) not in repr(portable) and "sha256" in repr(portable)
+    assert str(tmp_path) not in repr(portable) and portable["dataset_kwargs"]["data_files"] == {"test": "d.jsonl"}
+    import hashlib
+    assert _data_hashes(cfg) == {"data_files": {"test": hashlib.sha256(b"{}\n").hexdigest()}}
     with pytest.raises(ConfigError) as err:
         _anchor_data_paths({"task": "t", "dataset_kwargs": {"data_files": ["missing.jsonl"]}}, yaml_path)
     assert str(yaml_path) in str(err.value) and "dataset_kwargs.data_files" in str(err.value)
@@ -107,3 +109,16 @@ def test_loglikelihood_answer_is_sum_and_greedy_flag():
                          top_ids=[[5, 9], [2, 6]], top_logprobs=[[-0.5, -2.0], [-1.0, -3.0]], token_texts=[], text="",
                          finish_reason="scored")
     assert loglikelihood_result(not_top) == (-3.5, False)
+
+
+def test_unloadable_data_and_unavailable_builtin_tasks_are_named_before_the_engine(tmp_path):
+    suite = load_suite(suite_file(tmp_path, 'include_path = ["tasks"]\ntasks = ["evalgate_arith"]\n'))
+    (tmp_path / "tasks" / "arith.jsonl").write_text('{"question": "1 + 1", "answer": "2"}\nnot json at all\n')
+    with pytest.raises(ConfigError) as err:
+        prepare(suite.lm_eval, suite.path)
+    assert str((tmp_path / "tasks" / "arith.yaml").resolve()) in str(err.value) and "evalgate_arith" in str(err.value)
+
+    builtin = load_suite(suite_file(tmp_path, 'tasks = ["arc_easy"]\n'))  # lm-eval's own; its data is not here
+    with pytest.raises(ConfigError) as err:
+        prepare(builtin.lm_eval, builtin.path)
+    assert "'arc_easy'" in str(err.value) and "already downloaded on this machine" in err.value.fix

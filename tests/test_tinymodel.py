@@ -41,3 +41,16 @@ def test_cached_model_reuses_the_build(tmp_path, monkeypatch):
     again = tinymodel.cached_model("tiny", 0, cache_dir=tmp_path)
     assert first == again and len(calls) == 1
     assert tinymodel.cached_model("tiny", 1, cache_dir=tmp_path) != first and len(calls) == 2
+
+
+@pytest.mark.e2e
+def test_trained_preset_is_reproducible_and_steps_matter(tmp_path):
+    """`arith` is trained single-threaded with fixed seeds: two builds in two processes give the same bytes;
+    more steps give other weights (the demo's "weaker checkpoint")."""
+    build(tmp_path / "a", "--preset", "arith", "--steps", "6")
+    build(tmp_path / "b", "--preset", "arith", "--steps", "6")
+    build(tmp_path / "c", "--preset", "arith", "--steps", "3")
+    first = tree_digest(tmp_path / "a")
+    assert first == tree_digest(tmp_path / "b")
+    assert tree_digest(tmp_path / "c")["model.safetensors"] != first["model.safetensors"]
+    assert '"steps": 6' in (tmp_path / "a" / "evalgate-model.json").read_text()

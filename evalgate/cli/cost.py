@@ -120,7 +120,7 @@ def render(report: cost_lib.CostReport) -> None:
 
 @handled
 def cost(suite_file: Optional[Path] = typer.Argument(None, help="Suite TOML file (default: ./evalgate.toml or "
-                                                                   "[tool.evalgate] in ./pyproject.toml)"),
+                                                                   "\\[tool.evalgate] in ./pyproject.toml)"),
          db: Optional[str] = typer.Option(None, "--db", help="Database URL or SQLite path (overrides the suite's)"),
          json_report: Optional[Path] = typer.Option(None, "--json-report", help="Write the results as JSON "
                                                     "(schema evalgate.cost/1, docs/cost.md) and the plot beside it"),

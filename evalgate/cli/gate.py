@@ -21,7 +21,7 @@ from ..shard import parse_shard
 from ..suite import find_suite, load_suite
 from .common import console, err_console, handled, parse_levels, progress_bar
 
-SuiteArg = typer.Argument(None, help="Suite TOML file (default: ./evalgate.toml or [tool.evalgate] in ./pyproject.toml)")
+SuiteArg = typer.Argument(None, help="Suite TOML file (default: ./evalgate.toml or \\[tool.evalgate] in ./pyproject.toml)")
 DbOpt = typer.Option(None, "--db", help="Database URL or SQLite path (overrides the suite's database)")
 ConcurrencyOpt = typer.Option(None, "--concurrency", help="Override the schedule's concurrency levels, e.g. 1,16")
 ShufflesOpt = typer.Option(None, "--shuffles", help="Override the number of shuffled-order passes")

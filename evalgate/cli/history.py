@@ -55,16 +55,20 @@ def runs_show(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = Su
         "engine": record.fingerprint.get("engine", {}).get("data"),
         "requests": len(record.requests), "outputs": sum(len(v) for v in record.outputs.values()),
         "verdicts": store.verdicts(run_id),
+        "scores": [{"task": sc.task, "metric": sc.metric, "value": sc.value, "stderr": sc.stderr}
+                   for sc in store.load_scores(run_id)[0]],
     }
     if json_out:
         console.print_json(json.dumps(info, default=str))
         return
     for key, value in info.items():
-        if key in ("verdicts", "schedule", "engine"):
+        if key in ("verdicts", "schedule", "engine", "scores"):
             continue
         console.print(f"[bold]{key}[/]: {value}")
     console.print(f"[bold]schedule[/]: {json.dumps({k: v for k, v in run.schedule.items() if k != 'passes'})}")
     console.print(f"[bold]engine[/]: {json.dumps(info['engine'])}")
+    for sc in info["scores"]:  # lm-eval metrics of the run's first pass
+        console.print(f"  [bold]{sc['task']}[/] {sc['metric']} = {sc['value']}" + (f" ± {sc['stderr']:.3g}" if sc["stderr"] else ""))
     for v in info["verdicts"]:
         d = v.get("divergence") or {}
         console.print(f"  {v['key']}: {v['verdict']} at position {d.get('position')} "

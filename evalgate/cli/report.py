@@ -38,7 +38,7 @@ def report(run_id: Optional[int] = typer.Argument(None, help="The run to report 
     store = open_store_for(db, suite)
     if latest:
         name = _suite_name(db, suite)
-        runs = store.runs(name, limit=1)
+        runs = store.runs(name, limit=1, kinds=("baseline", "check"))  # not `evalgate cost` measurement runs
         if not runs:
             raise ConfigError(f"no runs{f' of suite {name!r}' if name else ''} in {store.url}",
                               fix="run `evalgate check` or `evalgate baseline create` first")

@@ -155,11 +155,30 @@ def step_summary(report: Report, fingerprint_changes: Mapping[str, str] | None =
         if len(differing) > max_rows:
             lines += [f"... and {len(differing) - max_rows} more (see the JSON report or `evalgate report --html`)",
                       ""]
+    if report.metrics:
+        lines += _metrics_markdown(report)
     if report.failing:
         names = sorted({v.verdict for v in report.failing})
         lines += [f"**FAIL**: {len(report.failing)} request(s): {', '.join(names)} (exit {int(report.exit_code)})",
                   ""]
     return "\n".join(lines)
+
+
+def _metrics_markdown(report: Report) -> list[str]:
+    """lm-eval metrics, baseline vs current, with how many documents moved each one."""
+    def num(value) -> str:
+        return "" if value is None else f"{value:.4g}"
+
+    lines = ["### Task metrics (lm-eval)", "", "| task | metric | baseline | current | delta | documents moved |",
+             "|---|---|---:|---:|---:|---:|"]
+    for row in report.metrics:
+        delta = row["delta"]
+        lines.append(f"| {md_text(row['task'])} | {md_text(row['metric'])} | {num(row['baseline'])} | {num(row['current'])} "
+                     f"| {'' if delta is None else '=' if delta == 0 else f'{delta:+.4g}'} | {len(row['moved']) or ''} |")
+    lines.append("")
+    for name, change in report.task_changes.items():
+        lines.append(f"- task `{md_text(name)}` changed since the baseline: {md_text(change)}")
+    return lines + ([""] if report.task_changes else [])
 
 
 def infra_summary(kind: str, message: str) -> str:

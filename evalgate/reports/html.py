@@ -100,6 +100,7 @@ class ReportPage:
     fingerprint_changes: dict[str, str] = field(default_factory=dict)
     requests: list[RequestDiff] = field(default_factory=list)
     baseline_missing: bool = False  # the run names a baseline run that could not be loaded
+    metrics: list[dict] = field(default_factory=list)  # lm-eval metrics vs the baseline (evalgate/scores.py)
 
 
 def e(value) -> str:
@@ -236,6 +237,8 @@ def render_html(page: ReportPage) -> str:
         out.append(f'<p class="ok">identity unchanged since baseline run {e(page.baseline_run_id)} '
                    f'({e(STACK_NAMES)})</p>')
 
+    if page.metrics:
+        out.append(_metrics(page))
     out.append("<h2>Differing requests</h2>")
     if not page.requests:
         out.append('<p class="empty">none: every request is stable</p>' if page.counts else
@@ -255,6 +258,24 @@ def render_html(page: ReportPage) -> str:
                 f"{e(r.verdict.key)} ({e(r.verdict.verdict)})" for r in rest) + "</p>")
     out += ["</body>", "</html>", ""]
     return "\n".join(out)
+
+
+def _metrics(page: ReportPage) -> str:
+    def num(value) -> str:
+        return "" if value is None else f"{value:.4g}"
+
+    rows = []
+    for m in page.metrics:
+        delta = m["delta"]
+        moved = ", ".join(f'doc {e(d["doc_id"])} ({e(num(d["baseline"]))} &rarr; {e(num(d["current"]))})'
+                          for d in m["moved"][:20]) + (" ..." if len(m["moved"]) > 20 else "")
+        rows.append(f'<tr><td>{e(m["task"])}</td><td>{e(m["metric"])}</td><td class="num">{e(num(m["baseline"]))}</td>'
+                    f'<td class="num">{e(num(m["current"]))}</td>'
+                    f'<td class="num">{"" if delta is None else "=" if delta == 0 else e(f"{delta:+.4g}")}</td>'
+                    f"<td>{moved}</td></tr>")
+    return ("<h2>Task metrics (lm-eval)</h2>"
+            '<table class="index"><tr><th>task</th><th>metric</th><th>baseline</th><th>current</th><th>delta</th>'
+            "<th>documents moved</th></tr>" + "".join(rows) + "</table>")
 
 
 # --- loading a stored run -------------------------------------------------------------------------------
@@ -279,6 +300,7 @@ def _when(dt) -> str | None:
 def build_page(store, run_id: int) -> ReportPage:
     """Everything the page shows about a stored run (Store: evalgate.store)."""
     from ..errors import EvalgateError
+    from ..scores import compare_scores
 
     record = store.load(run_id)
     run = record.run
@@ -319,6 +341,8 @@ def build_page(store, run_id: int) -> ReportPage:
         batch_invariance=engine.get("batch_invariance", {}) if isinstance(engine, dict) else {},
         counts=run.summary, changed_components=changed, fingerprint_changes=changes, requests=requests,
         baseline_missing=baseline_missing,
+        metrics=compare_scores(store, run.id, baseline.id if baseline else None,
+                               {r.verdict.key: r.verdict.verdict for r in requests}),
     )
 
 

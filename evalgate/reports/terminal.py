@@ -97,6 +97,8 @@ def render_metrics(console: Console, report: Report) -> None:
         table.add_row(row["task"], row["metric"], _num(row["baseline"]), _num(row["current"]), delta_text,
                       str(len(row["moved"])) if row["moved"] else "")
     console.print(table)
+    for name, change in report.task_changes.items():
+        console.print(escape(f"  task {name} changed since the baseline: {change}"), style="yellow")
     for row in report.metrics:
         for doc in row["moved"][:MAX_MOVED]:
             requests = ", ".join(f"{r['key']} ({r['verdict']})" for r in doc["requests"])

@@ -202,6 +202,9 @@ class Store:
     # --- baselines -------------------------------------------------------------------------------------
 
     def _promote(self, s: Session, run: Run) -> None:
+        if run.kind not in ("baseline", "check"):
+            raise ConfigError(f"run {run.id} is a `{run.kind}` run, not a baseline or check run: it cannot become a baseline",
+                              fix="promote a baseline or check run (see `evalgate runs list`)")
         if run.status != "complete":
             raise ConfigError(f"run {run.id} is {run.status}, not complete: it cannot become a baseline",
                               fix="promote a complete run (see `evalgate runs list`)")
@@ -243,11 +246,13 @@ class Store:
 
     # --- reading ---------------------------------------------------------------------------------------
 
-    def runs(self, suite_name: str | None = None, limit: int = 50) -> list[Run]:
+    def runs(self, suite_name: str | None = None, limit: int = 50, kinds: tuple[str, ...] | None = None) -> list[Run]:
         with self.session() as s:
             q = select(Run).order_by(Run.id.desc()).limit(limit)
             if suite_name:
                 q = q.where(Run.suite_name == suite_name)
+            if kinds:
+                q = q.where(Run.kind.in_(kinds))
             return list(s.scalars(q))
 
     def get_run(self, run_id: int) -> Run:
