@@ -380,3 +380,14 @@ def test_store_survives_json_content(db_url, suite):
     fp = fingerprint(env={"VLLM_X": "ü ✓", "nested": {"list": [1, 2.5, None, True]}})
     record = store.load(new_run(store, suite, fp=fp, passes=0))
     assert json.dumps(record.fingerprint, sort_keys=True) == json.dumps(fp, sort_keys=True)
+
+
+def test_only_baseline_and_check_runs_can_become_baselines(db_url, suite):
+    """`evalgate cost` stores its measurement runs as kind `cost`: complete, but never a baseline."""
+    store = Store(db_url)
+    run_id = new_run(store, suite, kind="cost")
+    store.finish_run(run_id, status="complete", verdict="variant", exit_code=0, summary={})
+    with pytest.raises(ConfigError, match="`cost` run"):
+        store.promote(run_id)
+    assert store.baseline_for(suite.name, fingerprint()["hardware"]["hash"]) is None
+    assert [r.id for r in store.runs(suite.name, kinds=("baseline", "check"))] == []
