@@ -17,6 +17,7 @@ Local data files are re-read on every run (`download_mode="force_redownload"`) f
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -288,6 +289,23 @@ def _lm_class():
     return EvalgateLM
 
 
+@contextlib.contextmanager
+def _no_environment_report():
+    """simple_evaluate ends by describing its environment for its own report: `git describe` (which prints
+    "fatal: not a git repository" outside one), torch's collect_env (pip, nvidia-smi...) and tokenizer info.
+    evalgate keeps its own fingerprint and never reads these, so they are skipped while it runs."""
+    from lm_eval import evaluator
+
+    saved = {name: getattr(evaluator, name) for name in ("get_git_commit_hash", "add_env_info", "add_tokenizer_info")}
+    evaluator.get_git_commit_hash = lambda *args, **kwargs: None
+    evaluator.add_env_info = evaluator.add_tokenizer_info = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(evaluator, name, fn)
+
+
 def loglikelihood_result(completion) -> tuple[float, bool]:
     """(sum of the continuation's logprobs, whether every token was the top-1), lm-eval's answer format."""
     total = sum(completion.logprobs)
@@ -309,12 +327,13 @@ class TaskRun:
 
         config = self.prepared.config
         try:
-            return simple_evaluate(
-                model=lm, tasks=list(self.prepared.specs), task_manager=self.prepared.manager, limit=config.limit,
-                num_fewshot=config.num_fewshot, fewshot_random_seed=config.fewshot_seed,
-                bootstrap_iters=config.bootstrap_iters if scoring else 0, log_samples=scoring,
-                use_cache=None, cache_requests=False,
-            )
+            with _no_environment_report():
+                return simple_evaluate(
+                    model=lm, tasks=list(self.prepared.specs), task_manager=self.prepared.manager, limit=config.limit,
+                    num_fewshot=config.num_fewshot, fewshot_random_seed=config.fewshot_seed,
+                    bootstrap_iters=config.bootstrap_iters if scoring else 0, log_samples=scoring,
+                    use_cache=None, cache_requests=False,
+                )
         except EvalgateError:
             raise
         except Exception as exc:  # a data file that does not parse, a dataset not on this machine, ...
