@@ -217,9 +217,11 @@ def env_snapshot(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 def build_fingerprint(suite, engine) -> dict[str, dict]:
     """All components for a run of `suite` on a loaded `engine`."""
+    # An engine without a local model directory (a remote server) describes its model and tokenizer itself.
+    own = engine.identity_components() if hasattr(engine, "identity_components") else {}
     return {
-        "model": model_component(suite.model),
-        "tokenizer": tokenizer_component(suite.tokenizer or suite.model),
+        "model": own.get("model") or model_component(suite.model),
+        "tokenizer": own.get("tokenizer") or tokenizer_component(suite.tokenizer or suite.model),
         "engine": component(engine.identity()),
         "code": code_component(suite.code_paths, suite.root),
         "suite": component(suite.identity()),

@@ -7,6 +7,7 @@ failure or interruption after the run row exists marks the run incomplete before
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import asdict
@@ -127,7 +128,7 @@ def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Sche
         on_run(run_id)
     timings.add("evalgate", time.perf_counter() - start)
     try:
-        _run_passes(suite, store, engine, run_id, passes, timings, progress)
+        _run_passes(suite, store, engine, run_id, passes, timings, progress, load=schedule.load)
     except KeyboardInterrupt:
         store.mark_incomplete(run_id, "interrupted", "interrupted (SIGINT/SIGTERM)")
         raise
@@ -138,7 +139,7 @@ def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Sche
 
 
 def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes: list[Pass], timings: Timings,
-                progress: Progress | None) -> None:
+                progress: Progress | None, load=None) -> None:
     by_key = {p.key: p for p in suite.prompts}
     keys = [p.key for p in suite.prompts]
     total = len(keys) * len(passes)
@@ -146,26 +147,29 @@ def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes:
     for pass_ in passes:
         pass_outputs = []
         wave_seconds: list[float] = []
-        for wave_index, wave in enumerate(waves(keys, pass_)):
-            t0 = time.perf_counter()
-            completions = engine.generate([by_key[k] for k in wave])
-            wave_seconds.append(time.perf_counter() - t0)
-            timings.add("inference", wave_seconds[-1])
-            if len(completions) != len(wave):
-                raise EngineError(f"engine returned {len(completions)} outputs for {len(wave)} requests")
-            for position, completion in enumerate(completions):
-                completion.pass_index, completion.concurrency = pass_.index, pass_.concurrency
-                completion.wave, completion.position = wave_index, position
-            pass_outputs.extend(completions)
-            done += len(wave)
-            if progress:
-                progress(done, total, pass_.label)
+        # [load]: a server engine keeps filler traffic running through this pass (evalgate/load.py)
+        loaded = load is not None and load.applies(pass_.concurrency)
+        with (engine.under_load(load, pass_) if loaded else contextlib.nullcontext({})) as load_stats:
+            for wave_index, wave in enumerate(waves(keys, pass_)):
+                t0 = time.perf_counter()
+                completions = engine.generate([by_key[k] for k in wave])
+                wave_seconds.append(time.perf_counter() - t0)
+                timings.add("inference", wave_seconds[-1])
+                if len(completions) != len(wave):
+                    raise EngineError(f"engine returned {len(completions)} outputs for {len(wave)} requests")
+                for position, completion in enumerate(completions):
+                    completion.pass_index, completion.concurrency = pass_.index, pass_.concurrency
+                    completion.wave, completion.position = wave_index, position
+                pass_outputs.extend(completions)
+                done += len(wave)
+                if progress:
+                    progress(done, total, pass_.label)
         # Per-pass throughput figures (read by `evalgate cost` and benchmarks/); a wave's time is the latency
         # of each of its requests, since a wave is submitted and returns together.
         timings.setdefault("passes", []).append({
             "index": pass_.index, "concurrency": pass_.concurrency, "requests": len(pass_outputs),
             "output_tokens": sum(len(c.output_ids) for c in pass_outputs),
-            "seconds": sum(wave_seconds), "wave_seconds": wave_seconds,
+            "seconds": sum(wave_seconds), "wave_seconds": wave_seconds, **({"load": load_stats} if loaded else {}),
         })
         t0 = time.perf_counter()
         store.add_outputs(run_id, pass_outputs)

@@ -52,4 +52,5 @@ def with_overrides(schedule: Schedule, concurrency=None, shuffles=None, repeats=
         shuffles=schedule.shuffles if shuffles is None else shuffles,
         repeats=schedule.repeats if repeats is None else repeats,
         seed=schedule.seed,
+        load=schedule.load,
     )

@@ -7,6 +7,7 @@ names the file, the field (or prompts-file line) and the fix. docs/suite.md docu
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -14,10 +15,14 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
 from .hashing import digest
+
+if TYPE_CHECKING:
+    from .engines.openai_api import ServerConfig
+    from .load import Load
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,7 +30,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEFAULT_DATABASE = "sqlite:///baselines/evalgate.sqlite"
-ENGINE_KINDS = ("vllm",)
+ENGINE_KINDS = ("vllm", "openai", "vllm-server")  # the last two: evalgate/engines/openai_api.py
 # Keys of [engine] that evalgate itself reads; every other key is passed to vLLM's engine as is.
 ENGINE_OWN_KEYS = {"kind", "model", "tokenizer", "batch_invariant"}
 SAMPLING_KEYS = {
@@ -93,13 +98,14 @@ class Schedule:
     shuffles: int = 1
     repeats: int = 1
     seed: int = 0
+    load: Load | None = None  # [load]: filler traffic for server engines (evalgate/load.py)
 
 
 @dataclass
 class Suite:
     name: str
     path: Path  # the suite file
-    model: Path
+    model: Path | None  # None only for kind = "openai" without a local copy of the model
     tokenizer: Path | None
     engine_kind: str
     batch_invariant: bool
@@ -113,6 +119,7 @@ class Suite:
     lm_eval: LmEvalConfig | None = None
     # Identity of the lm-eval tasks (config and documents), filled in once they are built (evalgate/lmeval.py).
     task_identity: dict[str, Any] = field(default_factory=dict)
+    server: ServerConfig | None = None  # kinds "openai" and "vllm-server" (evalgate/engines/openai_api.py)
     root: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -321,9 +328,9 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
             raise _fail(where, "`tool.evalgate` must be a table", "write it as [tool.evalgate] with tables below it")
     root = path.parent
 
-    _check_keys(data, {"suite", "engine", "sampling", "prompts", "schedule", "lm_eval"}, where, prefix)
+    _check_keys(data, {"suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "load"}, where, prefix)
     tables = {}
-    for name in ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval"):
+    for name in ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "load"):
         value = data.get(name, {})
         if not isinstance(value, dict):
             raise _fail(where, f"`{prefix}{name}` must be a table", f"write it as [{prefix}{name}]")
@@ -347,25 +354,33 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     kind = _typed(engine_t, "kind", str, where, sec, default="vllm")
     if kind not in ENGINE_KINDS:
         raise _fail(where, f"`{sec}kind` is {kind!r}", f"use one of: {', '.join(ENGINE_KINDS)}")
-    model_s = _typed(engine_t, "model", str, where, sec)
-    if not model_s:
-        raise _fail(where, f"`{sec}model` is missing", "set it to a local model directory (config.json + weights)")
-    model = _resolve(root, model_s, where, f"{sec}model")
-    if not _is_dir(model) or not _is_file(model / "config.json"):
-        raise _fail(
-            where, f"`{sec}model`: {model} is not a model directory (no config.json)",
-            "point it at a local Hugging Face model directory; `evalgate build-model DIR` builds a tiny one",
-        )
-    tok_s = _typed(engine_t, "tokenizer", str, where, sec)
-    tokenizer = _resolve(root, tok_s, where, f"{sec}tokenizer") if tok_s else None
-    if tokenizer is not None and not _is_dir(tokenizer):
-        raise _fail(where, f"`{sec}tokenizer`: {tokenizer} is not a directory", "point it at a tokenizer directory")
-    batch_invariant = _typed(engine_t, "batch_invariant", bool, where, sec, default=True)
-    engine_args = {k: v for k, v in engine_t.items() if k not in ENGINE_OWN_KEYS}
-    for key, value in engine_args.items():
-        reason = _not_json(value)
-        if reason:  # the engine identity is hashed as canonical JSON; vLLM takes no such values anyway
-            raise _fail(where, f"`{sec}{key}` holds {reason}", "use a string, a finite number, true/false, a list or a table")
+    server = None
+    if kind != "vllm":  # server kinds: evalgate/engines/openai_api.py validates their keys
+        from .engines.openai_api import parse_server_engine
+
+        parsed = parse_server_engine(kind, engine_t, root, where, sec)
+        model, tokenizer, server = parsed["model"], parsed["tokenizer"], parsed["server"]
+        batch_invariant, engine_args = parsed["batch_invariant"], parsed["engine_args"]
+    else:
+        model_s = _typed(engine_t, "model", str, where, sec)
+        if not model_s:
+            raise _fail(where, f"`{sec}model` is missing", "set it to a local model directory (config.json + weights)")
+        model = _resolve(root, model_s, where, f"{sec}model")
+        if not _is_dir(model) or not _is_file(model / "config.json"):
+            raise _fail(
+                where, f"`{sec}model`: {model} is not a model directory (no config.json)",
+                "point it at a local Hugging Face model directory; `evalgate build-model DIR` builds a tiny one",
+            )
+        tok_s = _typed(engine_t, "tokenizer", str, where, sec)
+        tokenizer = _resolve(root, tok_s, where, f"{sec}tokenizer") if tok_s else None
+        if tokenizer is not None and not _is_dir(tokenizer):
+            raise _fail(where, f"`{sec}tokenizer`: {tokenizer} is not a directory", "point it at a tokenizer directory")
+        batch_invariant = _typed(engine_t, "batch_invariant", bool, where, sec, default=True)
+        engine_args = {k: v for k, v in engine_t.items() if k not in ENGINE_OWN_KEYS}
+        for key, value in engine_args.items():
+            reason = _not_json(value)
+            if reason:  # the engine identity is hashed as canonical JSON; vLLM takes no such values anyway
+                raise _fail(where, f"`{sec}{key}` holds {reason}", "use a string, a finite number, true/false, a list or a table")
 
     sampling_t = tables["sampling"]
     sec = f"{prefix}sampling."
@@ -420,6 +435,13 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     )
     if schedule.shuffles < 0 or schedule.repeats < 1:
         raise _fail(where, f"`{sec}shuffles` must be >= 0 and `{sec}repeats` >= 1", "fix the schedule counts")
+    if "load" in data:
+        if kind == "vllm":
+            raise _fail(where, f"[{prefix}load] needs a server engine (filler traffic is sent over HTTP)",
+                        'set `engine.kind` to "openai" or "vllm-server", or remove [load] (docs/server.md)')
+        from .load import parse_load
+
+        schedule = dataclasses.replace(schedule, load=parse_load(tables["load"], where, f"{prefix}load.", schedule.concurrency))
 
     # A database from the file is relative to the file; one given on the command line (--db), to the cwd.
     if database:
@@ -429,7 +451,7 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     return Suite(
         name=name, path=path, model=model, tokenizer=tokenizer, engine_kind=kind, batch_invariant=batch_invariant,
         engine_args=engine_args, sampling=sampling, prompts_file=prompts_file, prompts=prompts, schedule=schedule,
-        code_paths=code_paths, database=db, lm_eval=lm_eval,
+        code_paths=code_paths, database=db, lm_eval=lm_eval, server=server,
     )
 
 

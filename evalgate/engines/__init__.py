@@ -27,4 +27,12 @@ def open_engine(suite: Suite) -> Engine:
         from .vllm_offline import VllmOfflineEngine
 
         return VllmOfflineEngine(suite)
+    if suite.engine_kind == "openai":
+        from .openai_api import OpenAIEngine
+
+        return OpenAIEngine(suite)
+    if suite.engine_kind == "vllm-server":
+        from .vllm_server import VllmServerEngine
+
+        return VllmServerEngine(suite)
     raise ValueError(f"unknown engine kind {suite.engine_kind!r}")
