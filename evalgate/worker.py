@@ -121,6 +121,9 @@ def _child_main(suite: Suite, url: str, kind: str, schedule: Schedule, labels: d
         messages.put(("error", "EngineError", f"{type(exc).__name__}: {exc}", None))
         code = 1
     finally:
+        # The outcome is sent, and the parent SIGTERMs a child that reported an error: interrupting the
+        # queue's flush here could leave its lock held and hang this process's exit for GRACE_SECONDS.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         messages.close()
         messages.join_thread()
     sys.exit(code)  # no engine teardown: the process exit returns its memory at once
