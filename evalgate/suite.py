@@ -328,7 +328,8 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
             raise _fail(where, "`tool.evalgate` must be a table", "write it as [tool.evalgate] with tables below it")
     root = path.parent
 
-    _check_keys(data, {"suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "load"}, where, prefix)
+    # [cost] belongs to `evalgate cost` (evalgate/cost.py validates it); it never changes a run.
+    _check_keys(data, {"suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "cost", "load"}, where, prefix)
     tables = {}
     for name in ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "load"):
         value = data.get(name, {})

@@ -273,3 +273,16 @@ def test_cli_config_errors_exit_2_and_write_nothing(tmp_path):
     proc = _cli(tmp_path, suite, "--candidates", cands)
     assert proc.returncode == 2 and "unknown key `cost.candidates[0].engines`" in proc.stderr
     assert not (tmp_path / "ws" / "evalgate.sqlite").exists()
+
+
+def test_the_suite_files_own_cost_table_is_read(tmp_path):
+    from evalgate.suite import load_suite
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    suite_path = write_suite(tmp_path / "ws", model, ["hello"])
+    suite_path.write_text(suite_path.read_text() + '\n[cost]\ndefaults = false\n[[cost.candidates]]\nname = "seqs4"\n'
+                          'engine = { max_num_seqs = 4 }\n')
+    defaults, found = cost.suite_cost_table(load_suite(suite_path))
+    assert defaults is False and [(c.name, c.engine_args) for c in found] == [("seqs4", {"max_num_seqs": 4})]
