@@ -708,6 +708,8 @@ def require_matplotlib() -> None:
 def write_plot(report: CostReport, path: str | Path) -> None:
     """Output tokens/s against concurrency, one line per measured candidate; invariant ones drawn solid
     with a star. Written atomically (a temporary file renamed into place)."""
+    from .reports.atomic import atomic_path
+
     require_matplotlib()
     import matplotlib
 
@@ -743,12 +745,8 @@ def write_plot(report: CostReport, path: str | Path) -> None:
         if report.measured:
             ax.legend(fontsize=8)
         fig.tight_layout()
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
+        with atomic_path(path) as tmp:
             fig.savefig(tmp, format="png")
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)
     finally:
         plt.close(fig)
 

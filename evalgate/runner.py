@@ -93,19 +93,26 @@ def run_suite(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings:
         from .store import open_store
 
         store = open_store(url)
-        try:
+        with incomplete_on_failure(store, run_id, "scoring with lm-eval: "):
             t0 = time.perf_counter()
             first_pass = {key: outputs[0] for key, outputs in store.load(run_id).outputs.items()}
             scores, samples = tasks.score(first_pass)
             store.add_scores(run_id, scores, samples)
             timings.add("lm_eval", time.perf_counter() - t0)
-        except KeyboardInterrupt:
-            store.mark_incomplete(run_id, "interrupted", "interrupted (SIGINT/SIGTERM)")
-            raise
-        except BaseException as exc:
-            store.mark_incomplete(run_id, "failed", f"scoring with lm-eval: {type(exc).__name__}: {exc}")
-            raise
     return run_id
+
+
+@contextlib.contextmanager
+def incomplete_on_failure(store: Store, run_id: int, context: str = ""):
+    """A run that cannot finish must never look complete: mark it before the error propagates."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        store.mark_incomplete(run_id, "interrupted", "interrupted (SIGINT/SIGTERM)")
+        raise
+    except BaseException as exc:
+        store.mark_incomplete(run_id, "failed", f"{context}{type(exc).__name__}: {exc}")
+        raise
 
 
 def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Schedule, timings: Timings,
@@ -127,14 +134,8 @@ def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Sche
     if on_run:
         on_run(run_id)
     timings.add("evalgate", time.perf_counter() - start)
-    try:
+    with incomplete_on_failure(store, run_id):
         _run_passes(suite, store, engine, run_id, passes, timings, progress, load=schedule.load)
-    except KeyboardInterrupt:
-        store.mark_incomplete(run_id, "interrupted", "interrupted (SIGINT/SIGTERM)")
-        raise
-    except BaseException as exc:
-        store.mark_incomplete(run_id, "failed", f"{type(exc).__name__}: {exc}")
-        raise
     return run_id
 
 

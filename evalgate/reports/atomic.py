@@ -1,18 +1,26 @@
 """Writing report files atomically: a temporary file renamed into place, so a CI step never reads half a
-report (JSON, JUnit, HTML)."""
+report (JSON, JUnit, HTML, the cost plot)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
+@contextlib.contextmanager
+def atomic_path(path: str | Path):
+    """Yields a temporary path beside `path` to write; it replaces `path` only if the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        yield tmp
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
