@@ -105,6 +105,17 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def _wait_for_run_row(db: str, deadline: float) -> None:
+    """Until the run row exists (the engine is up and the run under way), or the deadline passes."""
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        try:
+            if db_query(db, "select count(*) from runs")[0][0]:
+                return
+        except Exception:  # the database does not exist yet
+            continue
+
+
 def _passes(db: str, run_id: int) -> list[dict]:
     schedule = json.loads(db_query(db, "select schedule from runs where id = :i", i=run_id)[0][0])
     return schedule["timings"]["passes"]
@@ -198,14 +209,7 @@ def test_server_killed_mid_run(key_cli, tmp_path, tiny_model, cli_env):
                               engine_extra="retries = 2\ntimeout = 5\n")
         proc = key_cli.popen("baseline", "create", suite)
         db = database_url(suite)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # wait until the run is under way
-            time.sleep(0.5)
-            try:
-                if db_query(db, "select count(*) from runs")[0][0]:
-                    break
-            except Exception:
-                continue
+        _wait_for_run_row(db, time.monotonic() + 120)
         time.sleep(1.0)
         os.killpg(server.guard.pid, signal.SIGKILL)  # the whole server, without warning
         out, err = proc.communicate(timeout=120)
@@ -236,13 +240,7 @@ def test_vllm_server_stopped_when_engine_process_is_killed(cli, tmp_path, tiny_m
                 engine_pid, guard = child, guards[0]
     assert guard is not None, "the server guard never appeared"
     db = database_url(suite)
-    while time.monotonic() < deadline:  # wait until the run is under way (the server is up)
-        time.sleep(0.5)
-        try:
-            if db_query(db, "select count(*) from runs")[0][0]:
-                break
-        except Exception:
-            continue
+    _wait_for_run_row(db, deadline)  # the server is up and the run under way
     assert _group_alive(guard), "no server processes"
     os.kill(engine_pid, signal.SIGKILL)
     out, err = proc.communicate(timeout=120)
