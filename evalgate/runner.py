@@ -60,11 +60,12 @@ def tokenize_prompts(suite: Suite, engine: Engine) -> dict[str, list[int]]:
 
 def run_suite(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings: Timings,
               progress: Progress | None = None, on_run: Callable[[int], None] | None = None,
-              labels: dict | None = None) -> int:
+              labels: dict | None = None, keys: tuple[str, ...] | None = None) -> int:
     """Everything a run does in the engine's process: find the suite's lm-eval tasks (before the engine
     starts: a broken task file costs no engine start), start the engine, build the tasks' requests, keep
-    this shard's requests, run every pass, then let lm-eval score the first pass. Returns the run id."""
-    from .shard import parse_shard, select_shard
+    this shard's requests (or only `keys`, for bisect trials), run every pass, then let lm-eval score the
+    first pass (whole suites only). Returns the run id."""
+    from .shard import parse_shard, select_keys, select_shard
 
     # vLLM's, lm-eval's and datasets' progress bars (read when tqdm is imported): evalgate shows its own.
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -87,9 +88,11 @@ def run_suite(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings:
     shard = (labels or {}).get("shard")
     if shard:
         suite = select_shard(suite, parse_shard(shard))
+    if keys is not None:
+        suite = select_keys(suite, keys)
     run_id = execute(suite, url, engine, kind=kind, schedule=schedule, timings=timings, progress=progress,
                      on_run=on_run, labels=labels)
-    if tasks is not None and not shard:  # a shard holds part of each task: its metrics would mislead
+    if tasks is not None and not shard and keys is None:  # part of a task: its metrics would mislead
         from .store import open_store
 
         store = open_store(url)

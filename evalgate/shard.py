@@ -46,3 +46,15 @@ def select_shard(suite, shard: Shard):
     if not prompts:
         raise ConfigError(f"shard {shard} of suite {suite.name!r} has no requests", fix="use fewer shards than requests")
     return replace(suite, prompts=prompts)
+
+
+def select_keys(suite, keys):
+    """The suite with only the requests named by `keys`, in suite order (bisect trials). Every key must exist."""
+    from dataclasses import replace
+
+    wanted = set(keys)
+    missing = wanted - {p.key for p in suite.prompts}
+    if missing:
+        raise ConfigError(f"suite {suite.name!r} has no request(s) {', '.join(sorted(missing)[:5])}",
+                          fix="pick request keys from `evalgate runs show RUN`")
+    return replace(suite, prompts=[p for p in suite.prompts if p.key in wanted])

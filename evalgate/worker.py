@@ -7,7 +7,7 @@ and keeps global state), and the engine's memory is returned by the process exit
 teardown.
 
 Protocol (child -> parent over a queue): ("run", id) once the run row exists; ("progress", done, total,
-label); then exactly one of ("done", timings), ("error", class name, message, fix) or ("interrupted",).
+label); then exactly one of ("done", result), ("error", class name, message, fix) or ("interrupted",).
 """
 
 from __future__ import annotations
@@ -28,12 +28,31 @@ GRACE_SECONDS = 60  # how long an interrupted child may take to mark its run inc
 
 def run_in_worker(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings: Timings,
                   progress: Progress | None = None, labels: dict | None = None,
-                  env: dict[str, str] | None = None) -> int:
+                  env: dict[str, str | None] | None = None, keys: tuple[str, ...] | None = None) -> int:
     """Execute the suite in a child process; return the run id (status still `running`). `env`: variables
-    set in the child's environment only (e.g. per `evalgate cost` candidate), before the engine is imported."""
+    set in the child's environment only (None unsets one), before the engine is imported (e.g. per
+    `evalgate cost` candidate or bisect trial). `keys`: run only these requests (bisect trials)."""
+    result = call_in_worker(_run_suite_job, dict(suite=suite, url=url, kind=kind, schedule=schedule,
+                                                 labels=labels, keys=keys), url=url, progress=progress, env=env)
+    timings.update(result["timings"])
+    return result["run_id"]
+
+
+def _run_suite_job(*, suite, url, kind, schedule, labels, keys, progress, on_run) -> dict:
+    timings = Timings()
+    run_id = run_suite(suite, url, kind=kind, schedule=schedule, timings=timings, progress=progress,
+                       on_run=on_run, labels=labels, keys=keys)
+    return {"run_id": run_id, "timings": dict(timings)}
+
+
+def call_in_worker(job, kwargs: dict, *, url: str | None = None, progress: Progress | None = None,
+                   env: dict[str, str | None] | None = None):
+    """Call the module-level function `job(**kwargs, progress=, on_run=)` in a fresh child process and
+    return its (picklable) result. A run the job announces through `on_run(run_id)` is marked incomplete
+    in `url`'s store if the job fails or is interrupted."""
     ctx = multiprocessing.get_context("spawn")
     messages = ctx.Queue()
-    child = ctx.Process(target=_child_main, args=(suite, url, kind, schedule, labels, messages, env), name="evalgate-engine")
+    child = ctx.Process(target=_child_main, args=(job, kwargs, messages, env), name="evalgate-engine")
     child.start()
     run_id: int | None = None
     try:
@@ -54,9 +73,8 @@ def run_in_worker(suite: Suite, url: str, *, kind: str, schedule: Schedule, timi
             elif tag == "progress" and progress:
                 progress(*message[1:])
             elif tag == "done":
-                timings.update(message[1])
                 child.join()
-                return run_id
+                return message[1]
             elif tag == "interrupted":
                 raise KeyboardInterrupt
             elif tag == "error":
@@ -65,7 +83,7 @@ def run_in_worker(suite: Suite, url: str, *, kind: str, schedule: Schedule, timi
                 raise error_class(text, fix=fix)
     except BaseException as exc:
         _stop(child)
-        if run_id is not None:
+        if run_id is not None and url is not None:
             from .store import open_store
 
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
@@ -92,10 +110,12 @@ def _exit_reason(code: int | None) -> str:
     return f"exit status {code}"
 
 
-def _child_main(suite: Suite, url: str, kind: str, schedule: Schedule, labels: dict | None, messages,
-                env: dict[str, str] | None = None) -> None:
-    if env:
-        os.environ.update(env)
+def _child_main(job, kwargs: dict, messages, env: dict[str, str | None] | None = None) -> None:
+    for name, value in (env or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
@@ -106,11 +126,9 @@ def _child_main(suite: Suite, url: str, kind: str, schedule: Schedule, labels: d
     signal.signal(signal.SIGTERM, interrupt)
     code = 0
     try:
-        timings = Timings()
-        run_suite(suite, url, kind=kind, schedule=schedule, timings=timings,
-                  progress=lambda done, total, label: messages.put(("progress", done, total, label)),
-                  on_run=lambda run_id: messages.put(("run", run_id)), labels=labels)
-        messages.put(("done", dict(timings)))
+        result = job(**kwargs, progress=lambda done, total, label: messages.put(("progress", done, total, label)),
+                     on_run=lambda run_id: messages.put(("run", run_id)))
+        messages.put(("done", result))
     except KeyboardInterrupt:
         messages.put(("interrupted",))
         code = 130

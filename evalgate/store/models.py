@@ -167,3 +167,36 @@ class CostResult(Base):
     engine_load_seconds: Mapped[float | None] = mapped_column(Float)
     figures: Mapped[dict | None] = mapped_column(JSON)  # per concurrency level: throughput and latency
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class BisectSession(Base):
+    """One `evalgate bisect` (docs/bisect.md): what it bisects (`subject`: revisions, runs, request key),
+    its status (running -> complete | inconclusive | interrupted | failed) and, once done, its result."""
+
+    __tablename__ = "bisect_sessions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(20))  # commits | config | batch
+    suite_name: Mapped[str | None] = mapped_column(String(200))
+    subject: Mapped[dict] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(20), default="running")
+    result: Mapped[dict | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(NulSafeText)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+
+
+class BisectTrial(Base):
+    """One trial of a bisect: a configuration tried (a commit, a set of settings, a batch of requests), what
+    it showed (`outcome`: good | bad | skip | error | reference) and the run that holds its outputs, if any."""
+
+    __tablename__ = "bisect_trials"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[int] = mapped_column(ForeignKey("bisect_sessions.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    label: Mapped[str] = mapped_column(Text)
+    config: Mapped[dict] = mapped_column(JSON)
+    outcome: Mapped[str] = mapped_column(String(20))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
+    detail: Mapped[dict | None] = mapped_column(JSON)
+    seconds: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

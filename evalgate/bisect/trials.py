@@ -1,0 +1,87 @@
+"""What every bisector needs: the configuration a stored run ran with, a trial run of some of its requests
+under that configuration (or a changed one) in a fresh engine process, and "do these outputs differ".
+
+A trial is a run of kind `bisect` (never promotable, never a `report --latest`), restricted to the requests
+under study. It starts a new engine process each time, so nothing stale (engine state, environment, caches
+in the process) carries over from one trial to the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..compare import first_divergence
+from ..fingerprint import REDACTED, env_snapshot
+from ..records import Completion
+from ..runner import Timings
+from ..store import RunRecord, Store
+from ..suite import Schedule, Suite, load_suite
+
+RUN_KIND = "bisect"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The settings a run's engine ran with, as its fingerprint recorded them: the pass-through [engine]
+    arguments, whether batch invariance was requested, and the allow-listed environment."""
+
+    engine_args: dict[str, Any]
+    batch_invariant: bool
+    env: dict[str, str]
+
+    @classmethod
+    def of(cls, record: RunRecord) -> "RunConfig":
+        engine = record.fingerprint.get("engine", {}).get("data", {})
+        env = record.fingerprint.get("env", {}).get("data", {})
+        return cls(engine_args=dict(engine.get("args", {})),
+                   batch_invariant=bool(engine.get("batch_invariance", {}).get("requested", False)),
+                   env=dict(env) if isinstance(env, dict) else {})
+
+    def worker_env(self) -> dict[str, str | None]:
+        """The environment changes that make a child process start its engine with exactly this allow-listed
+        environment: set what the run had, unset the allow-listed names it did not have. A redacted value
+        cannot be restored and keeps this process's value."""
+        env: dict[str, str | None] = {name: None for name in env_snapshot() if name not in self.env}
+        env.update({name: value for name, value in self.env.items() if value != REDACTED})
+        return env
+
+
+def suite_of(record: RunRecord, config: RunConfig | None = None, database: str | None = None) -> Suite:
+    """The run's suite file, loaded as it is now, with the engine settings of `config` (default: the run's)."""
+    config = config or RunConfig.of(record)
+    suite = load_suite(record.run.suite_path, database=database)
+    return replace(suite, engine_args=dict(config.engine_args), batch_invariant=config.batch_invariant)
+
+
+def run_trial(suite: Suite, url: str, keys: list[str] | None, *, concurrency: int = 1,
+              env: dict[str, str | None] | None = None, progress=None) -> tuple[int, dict[str, Completion]]:
+    """Run `keys` of the suite (all requests if None) in one pass at `concurrency`, in a fresh engine process
+    with `env`. Returns the trial's run id and its output per request key."""
+    from ..worker import run_in_worker
+
+    timings = Timings()
+    run_id = run_in_worker(suite, url, kind=RUN_KIND, schedule=Schedule(concurrency=(concurrency,), shuffles=0, repeats=1),
+                           timings=timings, progress=progress, env=env, keys=tuple(keys) if keys is not None else None)
+    store = _store(url)
+    record = store.load(run_id)
+    store.finish_run(run_id, status="complete", schedule={**record.run.schedule, "timings": dict(timings)})
+    return run_id, {key: outputs[0] for key, outputs in record.outputs.items()}
+
+
+def _store(url: str) -> Store:
+    from ..store import open_store
+
+    return open_store(url)
+
+
+def same(a: Completion, b: Completion, on: str = "bits") -> bool:
+    """Whether two outputs agree: on `tokens` (ids only) or on `bits` (ids and every logprob bit)."""
+    if on == "tokens":
+        return a.output_ids == b.output_ids
+    return first_divergence(a, b) is None
+
+
+def differing_keys(reference: dict[str, Completion], other: dict[str, Completion], on: str = "bits") -> list[str]:
+    """Keys present in both whose outputs differ, in `reference` order."""
+    return [key for key in reference if key in other and not same(reference[key], other[key], on)]
