@@ -30,7 +30,9 @@ def _bounds(max_steps: int, max_seconds: float):
 
 def _on_trial(step: int, estimate: int, label: str, outcome, seconds: float) -> None:
     """One line per trial on stderr: readable live in a terminal and afterwards in a CI log."""
-    err_console.print(f"[dim][trial {step}/~{estimate}][/] {label} -> [bold]{outcome.outcome}[/] ({seconds:.1f} s)")
+    from rich.markup import escape
+
+    err_console.print(f"[dim]\\[trial {step}/~{estimate}][/] {escape(label)} -> [bold]{outcome.outcome}[/] ({seconds:.1f} s)")
 
 
 def _finish(result, json_report: Optional[Path]) -> None:
