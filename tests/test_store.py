@@ -24,7 +24,7 @@ from evalgate.store.db import head_revision
 from evalgate.suite import load_suite
 
 TABLES = {"alembic_version", "fingerprints", "runs", "requests", "outputs", "verdicts", "baselines", "scores", "sample_scores",
-          "cost_results"}
+          "cost_results", "bisect_sessions", "bisect_trials"}
 
 
 # --- helpers ---------------------------------------------------------------------------------------------
