@@ -76,8 +76,8 @@ def test_naive_trials_counts_subsets_up_to_the_size_found():
     assert naive_trials(16, 2) == 16 + 120
 
 
-def test_trials_are_stored_as_they_happen_and_bounds_stop_the_session(tmp_path):
-    store = open_store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+def test_trials_are_stored_as_they_happen_and_bounds_stop_the_session(db_url):
+    store = open_store(db_url)
     lines = []
     bisection = Bisection(store, "config", "s", {"run_a": 1}, bounds=Bounds(max_steps=2),
                           on_trial=lambda step, est, label, outcome, sec: lines.append((step, label, outcome.outcome)))
