@@ -37,7 +37,7 @@ def _on_trial(step: int, estimate: int, label: str, outcome, seconds: float) -> 
 
 def _finish(result, json_report: Optional[Path]) -> None:
     for line in result.lines():
-        console.print(line, markup=False)
+        console.print(line, markup=False, soft_wrap=True)
     if json_report:
         from ..reports.atomic import atomic_path
 
@@ -155,4 +155,4 @@ def repro(run_id: int = typer.Argument(..., help="The run that holds the diverge
 
     pack = write_repro(open_store_for(db, suite), run_id, key, out)
     for line in pack.lines():
-        console.print(line, markup=False)
+        console.print(line, markup=False, soft_wrap=True)
