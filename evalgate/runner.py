@@ -90,8 +90,10 @@ def run_suite(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings:
         suite = select_shard(suite, parse_shard(shard))
     if keys is not None:
         suite = select_keys(suite, keys)
+    # Bisect trials run some requests and compare them with other trials: each wave starts from an empty
+    # prefix cache, so an output never depends on which requests happened to run before it.
     run_id = execute(suite, url, engine, kind=kind, schedule=schedule, timings=timings, progress=progress,
-                     on_run=on_run, labels=labels)
+                     on_run=on_run, labels=labels, cold_waves=kind == "bisect")
     if tasks is not None and not shard and keys is None:  # part of a task: its metrics would mislead
         from .store import open_store
 
@@ -120,8 +122,9 @@ def incomplete_on_failure(store: Store, run_id: int, context: str = ""):
 
 def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Schedule, timings: Timings,
             progress: Progress | None = None, on_run: Callable[[int], None] | None = None,
-            labels: dict | None = None) -> int:
+            labels: dict | None = None, cold_waves: bool = False) -> int:
     """Run every pass of the schedule and store it; returns the run id (status still `running`).
+    `cold_waves`: reset the engine's prefix cache before each wave (engines that have one).
 
     The database is opened only once the engine is up and every prompt fits, so a configuration error
     never leaves a database or a run behind."""
@@ -138,12 +141,12 @@ def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Sche
         on_run(run_id)
     timings.add("evalgate", time.perf_counter() - start)
     with incomplete_on_failure(store, run_id):
-        _run_passes(suite, store, engine, run_id, passes, timings, progress, load=schedule.load)
+        _run_passes(suite, store, engine, run_id, passes, timings, progress, load=schedule.load, cold_waves=cold_waves)
     return run_id
 
 
 def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes: list[Pass], timings: Timings,
-                progress: Progress | None, load=None) -> None:
+                progress: Progress | None, load=None, cold_waves: bool = False) -> None:
     by_key = {p.key: p for p in suite.prompts}
     keys = [p.key for p in suite.prompts]
     total = len(keys) * len(passes)
@@ -155,6 +158,8 @@ def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes:
         loaded = load is not None and load.applies(pass_.concurrency)
         with (engine.under_load(load, pass_) if loaded else contextlib.nullcontext({})) as load_stats:
             for wave_index, wave in enumerate(waves(keys, pass_)):
+                if cold_waves and hasattr(engine, "reset_cache"):
+                    engine.reset_cache()
                 t0 = time.perf_counter()
                 completions = engine.generate([by_key[k] for k in wave])
                 wave_seconds.append(time.perf_counter() - t0)

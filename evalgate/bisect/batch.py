@@ -274,9 +274,8 @@ class _Trials:
         self.cache: dict[frozenset, tuple[bool, Completion]] = {}
 
     def run(self, keys: list[str]) -> Completion:
-        llm = getattr(self.engine, "llm", None)
-        if llm is not None and hasattr(llm, "reset_prefix_cache"):
-            llm.reset_prefix_cache()
+        if hasattr(self.engine, "reset_cache"):  # the offline engine; a server keeps its own cache
+            self.engine.reset_cache()
         completions = self.engine.generate([self.prompts[k] for k in keys])
         return completions[keys.index(self.target)]
 

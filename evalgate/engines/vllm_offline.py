@@ -172,6 +172,11 @@ class VllmOfflineEngine:
         return [_scored(p, outs, k, self.tokenizer) if p.request_type in SCORING_TYPES else _completion(p, outs[0], k)
                 for p, outs in zip(prompts, per_request)]
 
+    def reset_cache(self) -> None:
+        """Forget cached prompt prefixes, so the next submission computes from scratch (bisect trials)."""
+        if hasattr(self.llm, "reset_prefix_cache"):
+            self.llm.reset_prefix_cache()
+
     def close(self) -> None:
         llm = getattr(self, "llm", None)
         self.llm = None
