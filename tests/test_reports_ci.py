@@ -5,6 +5,7 @@ and the self-contained HTML page. No engine; one CLI call (an unreachable databa
 from __future__ import annotations
 
 import io
+import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -328,3 +329,22 @@ def test_html_marks_the_end_of_a_shorter_output():
                                                                                           Side("c", cur))]))
     assert '<span class="tok end first-divergence"' in html and ">(end)</span>" in html
     assert html.count(" first-divergence\"") == 2  # both sides (the CSS rule aside)
+
+
+def test_terminal_report_suggests_the_bisector_for_each_kind_of_difference():
+    from rich.console import Console
+
+    from evalgate.reports.terminal import next_steps, render_report
+
+    report = sample()
+    assert next_steps(report) == [
+        "next: evalgate bisect batch 7 " + shlex.quote(NASTY) + "   (which neighbours flip it)",
+        "next: evalgate repro 7 'story, 1: *bold* | pipe' -o repro/   (a plain vLLM script that shows it)",
+    ]  # the explained change is a model change: no setting or commit to bisect
+    report.changed_components = ["env", "code"]
+    assert next_steps(report)[2:] == [
+        "next: evalgate bisect config 3 7   (which setting changed the outputs)",
+        "next: evalgate bisect commits --good <baseline commit> --bad HEAD   (which commit)"]
+    console = Console(record=True, width=200)
+    render_report(console, report)
+    assert "next: evalgate bisect config 3 7" in console.export_text()

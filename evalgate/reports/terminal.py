@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -66,12 +68,35 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
         console.print(f"[bold red]FAIL[/]: {len(report.failing)} request(s): {', '.join(names)} (exit {int(report.exit_code)})")
     else:
         console.print("[bold green]PASS[/] (exit 0)")
+    for line in next_steps(report):
+        console.print(escape(line), style="dim")
     if report.kind == "baseline":
         if report.promoted:
             console.print(f"run {report.run_id} is now the baseline for suite {report.suite_name!r} on this hardware")
         else:
             console.print(f"[red]run {report.run_id} was NOT promoted to baseline[/]: its passes disagree. "
                           "Fix the variance (batch invariance, max_num_seqs=1) or pass --allow-variance.")
+
+
+def next_steps(report: Report) -> list[str]:
+    """Where to look next for each kind of difference (docs/bisect.md): one suggested command each."""
+    first = {}
+    for v in report.verdicts:
+        first.setdefault(v.verdict, v.key)
+    steps = []
+    if "batch_variance" in first:
+        steps.append(f"next: evalgate bisect batch {report.run_id} {shlex.quote(first['batch_variance'])}   "
+                     "(which neighbours flip it)")
+    if "silent_regression" in first:
+        steps.append(f"next: evalgate repro {report.run_id} {shlex.quote(first['silent_regression'])} -o repro/   "
+                     "(a plain vLLM script that shows it)")
+    if "explained_change" in first and report.baseline_run_id is not None:
+        if {"engine", "env"} & set(report.changed_components):
+            steps.append(f"next: evalgate bisect config {report.baseline_run_id} {report.run_id}   "
+                         "(which setting changed the outputs)")
+        if "code" in report.changed_components:
+            steps.append("next: evalgate bisect commits --good <baseline commit> --bad HEAD   (which commit)")
+    return steps
 
 
 MAX_MOVED = 10
