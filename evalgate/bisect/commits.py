@@ -587,7 +587,9 @@ def _judge(state: dict, git: Git, bisection: Bisection) -> TrialOutcome:
         suite = load_suite(root / state["suite"], database=state["db"])
     except ConfigError as exc:
         return TrialOutcome("skip", None, {"reason": f"the suite does not load: {exc.message}"})
-    at_commit = {p.key for p in suite.prompts}
+    # lm-eval requests are built in the engine process: their keys are checked there (a missing one fails the
+    # trial, which skips the commit)
+    at_commit = {p.key for p in suite.prompts} | (set(state["keys"]) if suite.lm_eval is not None else set())
     keys = [k for k in state["keys"] if k in at_commit]
     # A differing request the suite does not have at this commit cannot be compared. If another one already
     # differs, the change is here (bad); if all the others are equal, the missing one might have been the
