@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import resource
 import sys
@@ -34,14 +33,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .config import check_keys, not_json, read_toml
+from .engines.base import COMMON_KEYS, INVARIANCE_PLATFORMS
 from .errors import ConfigError, EngineError, EvalgateError, ExitCode, MissingDependency
-from .suite import ENGINE_OWN_KEYS, Schedule, Suite
+from .processes import peak_rss
+from .schedule import Schedule
+from .store import existing_store
+from .suite import Suite
 
 COST_SCHEMA = "evalgate.cost/1"
 RUN_KIND = "cost"
 PERCENTILES = (50, 90, 99)
-# Platforms whose vLLM ships the batch-invariant kernels (as evalgate/engines/vllm_offline.py).
-INVARIANCE_PLATFORMS = ("cuda", "rocm", "xpu")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CANDIDATE_KEYS = {"name", "batch_invariant", "engine", "env"}
@@ -81,18 +83,6 @@ def default_candidates() -> list[Candidate]:
     ]
 
 
-def _not_json(value: Any) -> str | None:
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"a non-finite number ({value})"
-    if isinstance(value, (list, tuple)):
-        return next((r for r in map(_not_json, value) if r), None)
-    if isinstance(value, dict):
-        return next((r for r in map(_not_json, value.values()) if r), None)
-    if not isinstance(value, (str, int, float, bool, type(None), list, tuple, dict)):
-        return f"a {type(value).__name__} (TOML dates and times are not engine arguments)"
-    return None
-
-
 def _check_name(name: Any, where: str, field_name: str) -> str:
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
         raise ConfigError(f"{where}: `{field_name}` must be a name of letters, digits, `.`, `_`, `+` or `-` "
@@ -103,11 +93,11 @@ def _check_name(name: Any, where: str, field_name: str) -> str:
 
 def _check_engine_args(args: dict, where: str, field_name: str) -> dict[str, Any]:
     for key, value in args.items():
-        if key in ENGINE_OWN_KEYS:
+        if key in COMMON_KEYS:
             fix = ("set `batch_invariant` on the candidate itself" if key == "batch_invariant"
                    else "a cost candidate changes how the suite's model is served, not the model: use another suite")
             raise ConfigError(f"{where}: `{field_name}.{key}` cannot be set per candidate", fix=fix)
-        reason = _not_json(value)
+        reason = not_json(value)
         if reason:
             raise ConfigError(f"{where}: `{field_name}.{key}` holds {reason}",
                               fix="use a string, a finite number, true/false, a list or a table")
@@ -135,7 +125,7 @@ def parse_cost_table(table: Any, where: str, prefix: str = "", origin: str = "su
     sec = f"{prefix}cost"
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: `{sec}` must be a table", fix=f"write it as [{sec}] and [[{sec}.candidates]]")
-    _unknown(table, COST_KEYS, where, f"{sec}.")
+    check_keys(table, COST_KEYS, where, f"{sec}.")
     defaults = table.get("defaults", True)
     if not isinstance(defaults, bool):
         raise ConfigError(f"{where}: `{sec}.defaults` must be true or false, got {defaults!r}",
@@ -149,7 +139,7 @@ def parse_cost_table(table: Any, where: str, prefix: str = "", origin: str = "su
         field_name = f"{sec}.candidates[{i}]"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where}: `{field_name}` must be a table", fix=f"write it as [[{sec}.candidates]]")
-        _unknown(entry, CANDIDATE_KEYS, where, f"{field_name}.")
+        check_keys(entry, CANDIDATE_KEYS, where, f"{field_name}.")
         if "name" not in entry:
             raise ConfigError(f"{where}: `{field_name}.name` is missing", fix='name the candidate, e.g. name = "eager"')
         name = _check_name(entry["name"], where, f"{field_name}.name")
@@ -167,16 +157,6 @@ def parse_cost_table(table: Any, where: str, prefix: str = "", origin: str = "su
             env=_check_env(entry.get("env", {}), where, f"{field_name}.env"),
         ))
     return defaults, candidates
-
-
-def _unknown(table: dict, allowed: set[str], where: str, section: str) -> None:
-    import difflib
-
-    for key in table:
-        if key not in allowed:
-            close = difflib.get_close_matches(key, sorted(allowed), n=1)
-            raise ConfigError(f"{where}: unknown key `{section}{key}`",
-                              fix=f"did you mean `{close[0]}`?" if close else f"allowed keys: {', '.join(sorted(allowed))}")
 
 
 _INT = re.compile(r"^[+-]?\d+$")
@@ -231,29 +211,21 @@ def parse_cli_candidate(text: str) -> Candidate:
 
 def load_candidates_file(path: str | Path) -> tuple[bool, list[Candidate]]:
     """A TOML file holding a `[cost]` table (the same table a suite file may hold)."""
-    from .suite import _read_toml
-
     path = Path(path).resolve()
-    data = _read_toml(path)
+    data = read_toml(path)
     where = str(path)
-    _unknown(data, {"cost"}, where, "")
+    check_keys(data, {"cost"}, where, "")
     if "cost" not in data:
         raise ConfigError(f"{where}: no [cost] table", fix="add [[cost.candidates]] tables (docs/cost.md)")
     return parse_cost_table(data["cost"], where, origin="candidates file")
 
 
 def suite_cost_table(suite: Suite) -> tuple[bool, list[Candidate]] | None:
-    """The suite file's own `[cost]` table (or `[tool.evalgate.cost]`), if the suite loader let it through."""
-    from .suite import _read_toml
-
-    data = _read_toml(suite.path)
-    prefix = ""
-    if suite.path.name == "pyproject.toml":
-        data = (data.get("tool") or {}).get("evalgate") or {}
-        prefix = "tool.evalgate."
-    if "cost" not in data:
+    """The suite file's own `[cost]` table (or `[tool.evalgate.cost]`), kept unparsed by the suite loader."""
+    if suite.cost_table is None:
         return None
-    return parse_cost_table(data["cost"], str(suite.path), prefix)
+    prefix = "tool.evalgate." if suite.path.name == "pyproject.toml" else ""
+    return parse_cost_table(suite.cost_table, str(suite.path), prefix)
 
 
 def resolve_candidates(suite: Suite | None, cli: list[str] = (), candidates_file: str | Path | None = None,
@@ -320,10 +292,10 @@ def check_schedule(schedule: Schedule) -> None:
 
 def platform_name() -> str:
     """The platform vLLM runs on here (imports vLLM's platform detection, a few seconds)."""
-    from .engines.vllm_offline import _import_vllm, _platform_name
+    from .engines import vllm_offline
 
-    _import_vllm()
-    return _platform_name()
+    vllm_offline.import_vllm()
+    return vllm_offline.platform_name()
 
 
 # --- figures -----------------------------------------------------------------------------------------------
@@ -512,28 +484,6 @@ class Listener:
     def candidate_finished(self, index: int, count: int, result: CandidateResult) -> None: ...
 
 
-def _vmhwm_bytes(pid: int) -> int | None:
-    """Peak RSS of a process and its descendants (sum of their VmHWM: exact for one process, an upper
-    bound for several), from /proc; None where there is no /proc."""
-    total, found = 0, False
-    pending = [pid]
-    while pending:
-        p = pending.pop()
-        try:
-            with open(f"/proc/{p}/status", encoding="ascii", errors="replace") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        total += int(line.split()[1]) * 1024
-                        found = True
-                        break
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children", encoding="ascii") as f:
-                    pending.extend(int(c) for c in f.read().split())
-        except (OSError, ValueError):
-            continue
-    return total if found else None
-
-
 class _PeakRss:
     """Samples the engine process's peak RSS each time it reports progress (in this process's main thread)."""
 
@@ -549,7 +499,7 @@ class _PeakRss:
             engine = [p for p in multiprocessing.active_children() if p.name == "evalgate-engine"]
             self.pid = engine[-1].pid if engine else None
         if self.pid is not None:
-            value = _vmhwm_bytes(self.pid)
+            value = peak_rss(self.pid)
             if value is not None:
                 self.peak = max(self.peak or 0, value)
 
@@ -562,17 +512,6 @@ class _PeakRss:
         return None
 
 
-def _existing_store(url: str):
-    """Open an existing database before any engine starts (a foreign or newer one is refused at once)."""
-    from .store import open_store
-    from .store.db import sqlite_path
-
-    path = sqlite_path(url)
-    if path is not None and not path.exists():
-        return None
-    return open_store(url)
-
-
 def run_cost(suite: Suite, candidates: list[Candidate], *, schedule: Schedule | None = None,
              listener: Listener | None = None, platform: str | None = None) -> CostReport:
     """Measure every candidate on the suite's schedule; store each candidate's run (kind `cost`) and its
@@ -581,7 +520,7 @@ def run_cost(suite: Suite, candidates: list[Candidate], *, schedule: Schedule | 
     check_schedule(schedule)
     check_engine_arg_names(candidates)
     url = suite.database
-    _existing_store(url)
+    existing_store(url)
     listener = listener or Listener()
     if platform is None and any(c.batch_invariant for c in candidates):
         platform = platform_name()
@@ -668,7 +607,8 @@ def _measure(suite: Suite, candidate: Candidate, index: int, count: int, schedul
     return CandidateResult(
         candidate, index, status, reason=reason, run_id=run_id,
         invariant=status == "measured" and differing == 0, differing_requests=differing,
-        requests=len(record.requests), batch_invariance=invariance, platform=engine.get("platform"), levels=levels, peak_rss_bytes=rss.result(),
+        requests=len(record.requests), batch_invariance=invariance, platform=engine.get("platform"), levels=levels,
+        peak_rss_bytes=rss.result(),
         engine_load_seconds=timings.get("engine_load"), wall_seconds=wall,
     )
 

@@ -1,4 +1,4 @@
-"""Errors that map to the exit-code contract (DESIGN.md section 3).
+"""Errors that map to the exit-code contract (docs/design.md, "Exit codes").
 
 Every failure a user can cause or meet is one of these; the CLI renders the message and exits with
 `exit_code`. Anything else escaping a run is treated as an engine/infrastructure error (exit 3).
@@ -55,3 +55,9 @@ class MissingDependency(ConfigError):
             f"{package} is not installed in this environment",
             fix=f"pip install 'evalgate-vllm[{extra}]'  (or run `make setup` in the evalgate checkout)",
         )
+
+
+def error_for_exit_code(exit_code: int, message: str, fix: str | None = None) -> EvalgateError:
+    """An error rebuilt from plain values (one that crossed a process boundary), keeping its exit code."""
+    classes = {int(ExitCode.USAGE): ConfigError, int(ExitCode.NO_BASELINE): NoBaselineError}
+    return classes.get(int(exit_code), EngineError)(message, fix=fix)

@@ -218,7 +218,7 @@ def env_snapshot(environ: dict[str, str] | None = None) -> dict[str, str]:
 def build_fingerprint(suite, engine) -> dict[str, dict]:
     """All components for a run of `suite` on a loaded `engine`."""
     # An engine without a local model directory (a remote server) describes its model and tokenizer itself.
-    own = engine.identity_components() if hasattr(engine, "identity_components") else {}
+    own = engine.identity_components()
     return {
         "model": own.get("model") or model_component(suite.model),
         "tokenizer": own.get("tokenizer") or tokenizer_component(suite.tokenizer or suite.model),

@@ -6,6 +6,7 @@ the database, judges the stored outputs and finishes the run.
 
 from __future__ import annotations
 
+import os
 import time
 
 from .errors import ConfigError, EngineError, NoBaselineError
@@ -13,11 +14,10 @@ from .fingerprint import component, hardware_component
 from .fingerprint import delta as fingerprint_delta
 from .runner import Progress, Timings
 from .scores import compare_scores, task_changes
-from .schedule import with_overrides
 from .shard import Shard
-from .store import Run, Store, open_store
-from .store.db import sqlite_path
-from .suite import Schedule, Suite
+from .store import Run, Store, existing_store, open_store
+from .schedule import Schedule, with_overrides
+from .suite import Suite
 from .verdict import Report, judge
 from .worker import run_in_worker
 
@@ -26,15 +26,6 @@ def _database(suite: Suite, store: Store | str | None) -> str:
     if isinstance(store, Store):
         return store.url
     return store or suite.database
-
-
-def _existing_store(url: str) -> Store | None:
-    """The store if its database exists (opening it refuses foreign or newer databases before any engine
-    starts); None for a SQLite file not created yet, which the run creates once its input is valid."""
-    path = sqlite_path(url)
-    if path is not None and not path.exists():
-        return None
-    return open_store(url)
 
 
 def _judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: int | None, strict: bool,
@@ -47,6 +38,8 @@ def _judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: 
         report.metrics = compare_scores(store, run_id, baseline_run_id, {v.key: v.verdict for v in report.verdicts})
         report.task_changes = task_changes(baseline.fingerprint, current.fingerprint) if baseline else {}
         report.promoted = promote_if(report)
+        log = current.run.engine_log
+        report.engine_log = log if log and os.path.isfile(log) else None
         timings.add("evalgate", time.perf_counter() - t0)
         store.finish_run(
             run_id, status="complete", verdict=report.status, exit_code=int(report.exit_code),
@@ -62,10 +55,10 @@ def _judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: 
 
 def _run_and_judge(suite: Suite, url: str, *, kind: str, schedule: Schedule | None, baseline_run_id: int | None,
                    strict: bool, promote_if, progress: Progress | None, timings: Timings,
-                   shard: Shard | None, group: str | None) -> Report:
+                   shard: Shard | None, group: str | None, show_engine_output: bool) -> Report:
     labels = {"shard": str(shard) if shard else None, "shard_group": group}
     run_id = run_in_worker(suite, url, kind=kind, schedule=schedule or suite.schedule, timings=timings,
-                           progress=progress, labels=labels)
+                           progress=progress, labels=labels, show_engine_output=show_engine_output)
     return _judge_and_finish(
         open_store(url), run_id, kind=kind, baseline_run_id=baseline_run_id, strict=strict, timings=timings,
         promote_if=(lambda report: False) if shard else promote_if,  # a part of a suite is never its baseline
@@ -75,17 +68,19 @@ def _run_and_judge(suite: Suite, url: str, *, kind: str, schedule: Schedule | No
 
 def create_baseline(suite: Suite, store: Store | str | None = None, *, schedule: Schedule | None = None,
                     allow_variance: bool = False, progress: Progress | None = None,
-                    timings: Timings | None = None, shard: Shard | None = None, group: str | None = None) -> Report:
+                    timings: Timings | None = None, shard: Shard | None = None, group: str | None = None,
+                    show_engine_output: bool = False) -> Report:
     """Run the suite and make it the baseline of this suite on this hardware class, unless its passes
     disagree (batch variance): a baseline must be reproducible. `allow_variance` promotes it anyway,
     with the first pass of each request as the reference. `store`: a Store or URL (default: the suite's).
     With `shard`, only that shard runs and nothing is promoted until `merge` joins the group's shards."""
     url = _database(suite, store)
-    _existing_store(url)
+    existing_store(url)
     return _run_and_judge(
         suite, url, kind="baseline", schedule=schedule, baseline_run_id=None, strict=False,
         promote_if=lambda report: allow_variance or not report.failing, progress=progress,
         timings=timings if timings is not None else Timings(), shard=shard, group=_group(shard, group),
+        show_engine_output=show_engine_output,
     )
 
 
@@ -112,15 +107,15 @@ def find_baseline(suite: Suite, store: Store | None, url: str) -> int:
 
 def check(suite: Suite, store: Store | str | None = None, *, schedule: Schedule | None = None,
           strict: bool = False, progress: Progress | None = None, timings: Timings | None = None,
-          shard: Shard | None = None, group: str | None = None) -> Report:
+          shard: Shard | None = None, group: str | None = None, show_engine_output: bool = False) -> Report:
     """Run the suite and judge it against the baseline (exit 4 before any inference if there is none).
     With `shard`, only that shard's requests run and are judged; `merge` gives the whole verdict."""
     url = _database(suite, store)
-    baseline_run_id = find_baseline(suite, _existing_store(url), url)
+    baseline_run_id = find_baseline(suite, existing_store(url), url)
     return _run_and_judge(
         suite, url, kind="check", schedule=schedule, baseline_run_id=baseline_run_id, strict=strict,
         promote_if=lambda report: False, progress=progress, timings=timings if timings is not None else Timings(),
-        shard=shard, group=_group(shard, group),
+        shard=shard, group=_group(shard, group), show_engine_output=show_engine_output,
     )
 
 

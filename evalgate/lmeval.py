@@ -28,7 +28,8 @@ from typing import Any
 
 from .errors import ConfigError, EvalgateError, MissingDependency
 from .hashing import digest
-from .suite import LmEvalConfig, Prompt, Suite
+from .prompts import Prompt
+from .suite import LmEvalConfig, Suite
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default when a task sets no max_gen_toks
 

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .config import check_keys, fail, typed
+
 LOAD_KEYS = {"filler", "filler_max_tokens", "filler_prompt_words", "rate", "seed", "concurrency", "warmup"}
 
 
@@ -35,41 +37,39 @@ class Load:
 
 def parse_load(table: dict, where: str, sec: str, levels: tuple[int, ...]) -> Load:
     """The suite's [load] table, validated in suite.py's strict style (every error names the field)."""
-    from .suite import _check_keys, _fail, _typed
-
-    _check_keys(table, LOAD_KEYS, where, sec)
+    check_keys(table, LOAD_KEYS, where, sec)
 
     def positive(key: str, default: int) -> int:
-        value = _typed(table, key, int, where, sec, default=default)
+        value = typed(table, key, int, where, sec, default=default)
         if value < 1:
-            raise _fail(where, f"`{sec}{key}` must be >= 1, got {value}", f"set `{key}` to a positive integer")
+            raise fail(where, f"`{sec}{key}` must be >= 1, got {value}", f"set `{key}` to a positive integer")
         return value
 
     filler = positive("filler", Load.filler)
     max_tokens = positive("filler_max_tokens", Load.filler_max_tokens)
     words = positive("filler_prompt_words", Load.filler_prompt_words)
-    rate = _typed(table, "rate", (int, float), where, sec, default=0.0)
+    rate = typed(table, "rate", (int, float), where, sec, default=0.0)
     if not (0 <= rate < float("inf")):
-        raise _fail(where, f"`{sec}rate` must be a finite number >= 0, got {rate}",
+        raise fail(where, f"`{sec}rate` must be a finite number >= 0, got {rate}",
                     "use 0 to keep `filler` requests in flight, or new filler requests per second")
-    warmup = _typed(table, "warmup", (int, float), where, sec, default=Load.warmup)
+    warmup = typed(table, "warmup", (int, float), where, sec, default=Load.warmup)
     if not (0 <= warmup <= 600):
-        raise _fail(where, f"`{sec}warmup` must be between 0 and 600 seconds, got {warmup}", "e.g. warmup = 10")
-    concurrency = _typed(table, "concurrency", list, where, sec)
+        raise fail(where, f"`{sec}warmup` must be between 0 and 600 seconds, got {warmup}", "e.g. warmup = 10")
+    concurrency = typed(table, "concurrency", list, where, sec)
     if concurrency is not None:
         if not concurrency or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in concurrency):
-            raise _fail(where, f"`{sec}concurrency` must be a non-empty list of positive integers",
+            raise fail(where, f"`{sec}concurrency` must be a non-empty list of positive integers",
                         "list the [schedule] concurrency levels whose passes run under load, e.g. concurrency = [16]")
         missing = [c for c in concurrency if c not in levels]
         if missing:
-            raise _fail(where, f"`{sec}concurrency` names {missing}, which [schedule] concurrency {list(levels)} does not run",
+            raise fail(where, f"`{sec}concurrency` names {missing}, which [schedule] concurrency {list(levels)} does not run",
                         "list levels from [schedule] concurrency, or leave it out (every level > 1)")
         concurrency = tuple(concurrency)
     elif not any(c > 1 for c in levels):
-        raise _fail(where, f"[load] applies to passes with concurrency > 1, and [schedule] concurrency is {list(levels)}",
+        raise fail(where, f"[load] applies to passes with concurrency > 1, and [schedule] concurrency is {list(levels)}",
                     "add a level > 1 to [schedule] concurrency, or name levels in `load.concurrency`")
     return Load(filler=filler, filler_max_tokens=max_tokens, filler_prompt_words=words, rate=float(rate),
-                seed=_typed(table, "seed", int, where, sec, default=0), concurrency=concurrency, warmup=float(warmup))
+                seed=typed(table, "seed", int, where, sec, default=0), concurrency=concurrency, warmup=float(warmup))
 
 
 def filler_prompt(rng: random.Random, words: int) -> str:

@@ -16,9 +16,9 @@ from typing import Callable
 from .engines import Engine, open_engine
 from .errors import ConfigError, EngineError
 from .fingerprint import build_fingerprint
-from .schedule import Pass, plan_passes, waves
+from .schedule import Pass, Schedule, plan_passes, waves
 from .store import Store
-from .suite import Schedule, Suite
+from .suite import Suite
 
 # progress(done, total, label): requests completed across all passes.
 Progress = Callable[[int, int, str], None]
@@ -158,7 +158,7 @@ def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes:
         loaded = load is not None and load.applies(pass_.concurrency)
         with (engine.under_load(load, pass_) if loaded else contextlib.nullcontext({})) as load_stats:
             for wave_index, wave in enumerate(waves(keys, pass_)):
-                if cold_waves and hasattr(engine, "reset_cache"):
+                if cold_waves:
                     engine.reset_cache()
                 t0 = time.perf_counter()
                 completions = engine.generate([by_key[k] for k in wave])

@@ -10,8 +10,21 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .suite import Schedule
+if TYPE_CHECKING:
+    from .load import Load
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Runtime knobs: never part of identity (that exclusion is what makes a silent regression provable)."""
+
+    concurrency: tuple[int, ...] = (1, 8)
+    shuffles: int = 1
+    repeats: int = 1
+    seed: int = 0
+    load: Load | None = None  # [load]: filler traffic for server engines (evalgate/load.py)
 
 
 @dataclass(frozen=True)

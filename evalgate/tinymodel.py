@@ -94,7 +94,8 @@ def build_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0, steps:
 
         torch.manual_seed(seed)
         config = LlamaConfig(
-            **{**params, "vocab_size": len(fast)}, bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, tie_word_embeddings=False,
+            **{**params, "vocab_size": len(fast)}, bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
+            tie_word_embeddings=False,
             torch_dtype="float32",
         )
         model = LlamaForCausalLM(config)

@@ -62,6 +62,7 @@ class Report:
     # lm-eval task metrics, baseline vs current, with the documents that moved (evalgate/scores.py)
     metrics: list = field(default_factory=list)
     task_changes: dict = field(default_factory=dict)  # lm-eval task -> what changed in its identity
+    engine_log: str | None = None  # the engine process's output (vLLM's own lines), for people
 
     @property
     def counts(self) -> dict[str, int]:

@@ -7,35 +7,68 @@ and keeps global state), and the engine's memory is returned by the process exit
 teardown.
 
 Protocol (child -> parent over a queue): ("run", id) once the run row exists; ("progress", done, total,
-label); then exactly one of ("done", result), ("error", class name, message, fix) or ("interrupted",).
+label); then exactly one of ("done", result), ("error", exit code, message, fix) or ("interrupted",). An
+error crosses the process boundary as plain values and is rebuilt from its exit code
+(`errors.error_for_exit_code`), so every EvalgateError subclass keeps its contract exit code.
+
+The engine's own output (vLLM's and torch's log lines, C-level warnings) goes to a log file when one is
+given (`engine_log`): the child points its stdout and stderr there before anything is imported.
+The child also asks for SIGTERM when its parent dies, so a killed evalgate never leaves an engine running.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-import sys
 import queue as queue_module
 import signal
+import sys
+import time
+from itertools import count
+from pathlib import Path
 
-from . import errors
-from .errors import EngineError, EvalgateError
+from .errors import ConfigError, EngineError, EvalgateError, error_for_exit_code
+from .processes import current_owner, set_parent_death_signal
 from .runner import Progress, Timings, run_suite
-from .suite import Schedule, Suite
+from .schedule import Schedule
+from .suite import Suite
 
 GRACE_SECONDS = 60  # how long an interrupted child may take to mark its run incomplete
+_log_numbers = count(1)
 
 
 def run_in_worker(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings: Timings,
                   progress: Progress | None = None, labels: dict | None = None,
-                  env: dict[str, str | None] | None = None, keys: tuple[str, ...] | None = None) -> int:
+                  env: dict[str, str | None] | None = None, keys: tuple[str, ...] | None = None,
+                  show_engine_output: bool = False) -> int:
     """Execute the suite in a child process; return the run id (status still `running`). `env`: variables
     set in the child's environment only (None unsets one), before the engine is imported (e.g. per
-    `evalgate cost` candidate or bisect trial). `keys`: run only these requests (bisect trials)."""
+    `evalgate cost` candidate or bisect trial). `keys`: run only these requests (bisect trials). The run
+    is owned by this process (`runs list` calls it abandoned if this process dies before finishing it).
+    The engine's output goes to `engine_log_path` unless `show_engine_output`."""
+    engine_log = None if show_engine_output else engine_log_path(suite, kind)
+    labels = {**(labels or {}), "owner": current_owner(),
+              "engine_log": str(engine_log) if engine_log is not None else None}
     result = call_in_worker(_run_suite_job, dict(suite=suite, url=url, kind=kind, schedule=schedule,
-                                                 labels=labels, keys=keys), url=url, progress=progress, env=env)
+                                                 labels=labels, keys=keys), url=url, progress=progress, env=env,
+                            engine_log=engine_log)
     timings.update(result["timings"])
     return result["run_id"]
+
+
+def engine_log_path(suite: Suite, kind: str) -> Path:
+    """Where a run's engine output goes: .evalgate/logs/ beside the suite file, one file per run."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return suite.root / ".evalgate" / "logs" / f"{kind}-{stamp}-{os.getpid()}-{next(_log_numbers)}.log"
+
+
+def log_tail(path: Path | None, lines: int = 30) -> str:
+    """The last lines of an engine log, or "" when there is none."""
+    try:
+        text = path.read_text(errors="replace") if path is not None else ""
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
 def _run_suite_job(*, suite, url, kind, schedule, labels, keys, progress, on_run) -> dict:
@@ -46,13 +79,13 @@ def _run_suite_job(*, suite, url, kind, schedule, labels, keys, progress, on_run
 
 
 def call_in_worker(job, kwargs: dict, *, url: str | None = None, progress: Progress | None = None,
-                   env: dict[str, str | None] | None = None):
+                   env: dict[str, str | None] | None = None, engine_log: Path | None = None):
     """Call the module-level function `job(**kwargs, progress=, on_run=)` in a fresh child process and
     return its (picklable) result. A run the job announces through `on_run(run_id)` is marked incomplete
-    in `url`'s store if the job fails or is interrupted."""
+    in `url`'s store if the job fails or is interrupted. An error raised here carries `engine_log`."""
     ctx = multiprocessing.get_context("spawn")
     messages = ctx.Queue()
-    child = ctx.Process(target=_child_main, args=(job, kwargs, messages, env), name="evalgate-engine")
+    child = ctx.Process(target=_child_main, args=(job, kwargs, messages, env, engine_log), name="evalgate-engine")
     child.start()
     run_id: int | None = None
     try:
@@ -74,15 +107,20 @@ def call_in_worker(job, kwargs: dict, *, url: str | None = None, progress: Progr
                 progress(*message[1:])
             elif tag == "done":
                 child.join()
+                if engine_log is not None and engine_log.is_file() and not engine_log.stat().st_size:
+                    engine_log.unlink()  # nothing to read: leave no empty file behind
                 return message[1]
             elif tag == "interrupted":
                 raise KeyboardInterrupt
             elif tag == "error":
-                _, name, text, fix = message
-                error_class = getattr(errors, name, EngineError)
-                raise error_class(text, fix=fix)
+                _, exit_code, text, fix = message
+                raise error_for_exit_code(exit_code, text, fix)
     except BaseException as exc:
         _stop(child)
+        if isinstance(exc, ConfigError) and engine_log is not None:
+            engine_log.unlink(missing_ok=True)  # bad input leaves nothing behind; the message says it all
+        else:
+            exc.engine_log = engine_log  # the CLI shows its tail
         if run_id is not None and url is not None:
             from .store import open_store
 
@@ -110,7 +148,11 @@ def _exit_reason(code: int | None) -> str:
     return f"exit status {code}"
 
 
-def _child_main(job, kwargs: dict, messages, env: dict[str, str | None] | None = None) -> None:
+def _child_main(job, kwargs: dict, messages, env: dict[str, str | None] | None = None,
+                engine_log: Path | None = None) -> None:
+    set_parent_death_signal()  # SIGTERM, handled below like a cancel: the run is marked interrupted
+    if engine_log is not None:
+        _redirect_output(engine_log)
     for name, value in (env or {}).items():
         if value is None:
             os.environ.pop(name, None)
@@ -133,10 +175,10 @@ def _child_main(job, kwargs: dict, messages, env: dict[str, str | None] | None =
         messages.put(("interrupted",))
         code = 130
     except EvalgateError as exc:
-        messages.put(("error", type(exc).__name__, exc.message, exc.fix))
+        messages.put(("error", int(exc.exit_code), exc.message, exc.fix))
         code = 1
     except BaseException as exc:  # anything else from the engine is an infrastructure error
-        messages.put(("error", "EngineError", f"{type(exc).__name__}: {exc}", None))
+        messages.put(("error", int(EngineError.exit_code), f"{type(exc).__name__}: {exc}", None))
         code = 1
     finally:
         # The outcome is sent, and the parent SIGTERMs a child that reported an error: interrupting the
@@ -145,3 +187,15 @@ def _child_main(job, kwargs: dict, messages, env: dict[str, str | None] | None =
         messages.close()
         messages.join_thread()
     sys.exit(code)  # no engine teardown: the process exit returns its memory at once
+
+
+def _redirect_output(path: Path) -> None:
+    """Point this process's stdout and stderr (file descriptors 1 and 2, so C libraries' output too) at
+    the engine log, appending."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 from types import SimpleNamespace
 
 import pytest

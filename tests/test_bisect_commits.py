@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from evalgate.bisect.commits import (SKIP, STOP, CommitsResult, _FIRST_BAD, _group_members, _skipped_candidates,
-                                     step)
+from evalgate.bisect.commits import SKIP, STOP, CommitsResult, _FIRST_BAD, _skipped_candidates, step
+from evalgate.processes import group_members
 from evalgate.store import open_store
 
 from conftest import write_suite
@@ -58,11 +58,11 @@ def test_result_lines_and_dict():
 def test_group_members_sees_a_live_group_only():
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        assert proc.pid in _group_members(proc.pid)
+        assert proc.pid in group_members(proc.pid)
     finally:
         proc.kill()
         proc.wait()
-    assert _group_members(proc.pid) == {}
+    assert group_members(proc.pid) == {}
 
 
 def test_unreadable_state_stops_git(tmp_path):

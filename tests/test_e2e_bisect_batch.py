@@ -130,7 +130,8 @@ def test_repro_pack_reproduces_the_recorded_divergence(recorded, cli_env, tmp_pa
     expected = read_json(out / "expected.json")
     stored = {p: ids for p, ids in db_query(db, "select pass_index, output_ids from outputs where run_id = :r and "
                                                 "request_key = :k", r=run_id, k=key)}
-    unpack = lambda blob: list(memoryview(bytes(blob)).cast("i"))
+    def unpack(blob):
+        return list(memoryview(bytes(blob)).cast("i"))
     assert expected["expected"]["token_ids"] == unpack(stored[0]) and expected["observed"]["token_ids"] == unpack(stored[1])
     assert expected["first_divergence"]["position"] == verdicts[key]["divergence"]["position"]
     assert expected["criterion"] == "tokens" and expected["kind"] == "batch_variance"

@@ -110,7 +110,7 @@ def test_bisect_commits_names_the_culprit_and_skips_a_broken_setup(cli, tmp_path
     assert [s["commit"] for s in report["skipped"]] == [shas["c4"]]
     assert "setup failed" in report["skipped"][0]["reason"]
     assert f"skipped: {shas['c4'][:10]} c4 (setup failed" in proc.stdout
-    assert f"[trial 3/~" in proc.stderr and "-> skip" in proc.stderr  # live progress from the steps
+    assert "[trial 3/~" in proc.stderr and "-> skip" in proc.stderr  # live progress from the steps
 
     # the steps ran only the differing request, each in a bisect run of one request
     step_runs = [run_id for _, _, outcome, run_id in rows[2:] if run_id is not None]

@@ -198,7 +198,8 @@ def test_batch_variance_under_busy_batch(cli, tmp_path, small_model):
     loaded = [p for p in passes if "load" in p]
     assert [p["concurrency"] for p in loaded] == [16]
     assert loaded[0]["load"]["sent"] >= 16 and loaded[0]["load"]["completed"] > 0
-    print(f"variance under load: {varied}/{len(VARIANCE_PROMPTS)} ({tokens} in token ids); filler {loaded[0]['load']};", _throughput(passes))
+    print(f"variance under load: {varied}/{len(VARIANCE_PROMPTS)} ({tokens} in token ids); filler {loaded[0]['load']};",
+          _throughput(passes))
 
 
 def test_server_killed_mid_run(key_cli, tmp_path, tiny_model, cli_env):

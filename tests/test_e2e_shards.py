@@ -42,7 +42,8 @@ def test_two_shards_merge_to_the_unsharded_verdict(cli, tmp_path, tiny_model, st
     assert merged.returncode == whole.returncode == 0 and all(p.returncode == 0 for p in parts)
     assert merged_report["counts"] == whole_report["counts"]
     assert merged_report["changed_components"] == whole_report["changed_components"] == ["model"]
-    strip = lambda report: sorted((r["key"], r["verdict"], r["divergence"]["position"]) for r in report["requests"])
+    def strip(report):
+        return sorted((r["key"], r["verdict"], r["divergence"]["position"]) for r in report["requests"])
     assert strip(merged_report) == strip(whole_report)
     merged_run = merged_report["run_id"]
     assert db_query(db, f"select count(*) from outputs where run_id = {merged_run}") == [(len(prompts) * 2,)]

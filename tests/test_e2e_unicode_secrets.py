@@ -26,7 +26,7 @@ pytestmark = pytest.mark.e2e
 UNICODE_PROMPTS = [
     {"id": "emoji-👩‍👩‍👧‍👦", "prompt": "A family 👩‍👩‍👧‍👦, thumbs 👍🏽👍🏿, a coder 🧑🏻‍💻, flags 🇫🇷🏳️‍🌈 and ❤️‍🔥"},
     {"id": "rtl-عربي-עברית", "prompt": "مرحبا بالعالم — שלום עולם: mixed \u200fRTL\u200e and LTR \u202eoverride\u202c"},
-    {"id": "combining-e\u0301", "prompt": "Cafe\u0301 vs Caf\u00e9; Z\u0337\u0322\u031b\u031ba\u0338\u0327\u034el\u0335\u0359\u035dg\u0336o\u0334"},
+    {"id": "combining-e\u0301", "prompt": "Cafe\u0301 vs Caf\u00e9; Z\u0337\u0322\u031b\u031ba\u0338\u0327\u034el\u0335\u0359\u035dg\u0336o\u0334"},  # noqa: E501
     {"id": "controls\t\x01", "prompt": "tab\there, SOH\x01, ESC\x1b[31mred\x1b[0m, ZWSP\u200b, LSEP\u2028, PSEP\u2029, NEL\x85 end"},
     {"id": "cjk-漢字", "prompt": "日本語のテキスト、中文文本，한국어 텍스트 and ｆｕｌｌｗｉｄｔｈ"},
     {"id": "astral-𝔘𝔫𝔦", "prompt": "Math 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝕏, Gothic 𐌰𐌱𐌲, hieroglyph 𓀀, unicorn 🦄, private use \U000f0000"},

@@ -11,7 +11,8 @@ import pytest
 from evalgate.errors import ConfigError
 from evalgate.lmeval import _anchor_data_paths, _data_hashes, _portable_config, loglikelihood_result, prepare
 from evalgate.records import Completion
-from evalgate.suite import Prompt, load_suite
+from evalgate.prompts import Prompt
+from evalgate.suite import load_suite
 
 EXAMPLE_TASKS = Path(__file__).resolve().parents[1] / "examples" / "lm_eval" / "tasks"
 

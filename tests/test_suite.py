@@ -10,7 +10,8 @@ import pytest
 
 from evalgate.errors import ConfigError, ExitCode
 from evalgate.schedule import Pass, plan_passes, waves, with_overrides
-from evalgate.suite import DEFAULT_DATABASE, Schedule, load_prompts, load_suite, resolve_database_url
+from evalgate.prompts import load_prompts
+from evalgate.suite import DEFAULT_DATABASE, Schedule, load_suite, resolve_database_url
 
 PROMPTS = [{"id": "greet", "prompt": "Hello"}, {"id": 7, "prompt": "Bonjour ✓", "max_tokens": 3,
                                                  "metadata": {"lang": "fr"}}]

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
-import evalgate.suite as suite_mod
+import evalgate.config as config_mod
+import evalgate.prompts as prompts_mod
 from evalgate.errors import ConfigError, ExitCode
-from evalgate.suite import DEFAULT_MAX_PROMPTS_BYTES, MAX_PROMPTS_ENV, MAX_SUITE_BYTES, load_prompts, load_suite
+from evalgate.config import MAX_SUITE_BYTES
+from evalgate.prompts import DEFAULT_MAX_PROMPTS_BYTES, MAX_PROMPTS_ENV, load_prompts
+from evalgate.suite import load_suite
 
 SUITE = """
 [engine]
@@ -50,7 +53,7 @@ def test_documented_defaults():
 def test_files_at_the_limit_load(ws, monkeypatch):
     size = (ws / "prompts.jsonl").stat().st_size
     monkeypatch.setenv(MAX_PROMPTS_ENV, str(size))
-    monkeypatch.setattr(suite_mod, "MAX_SUITE_BYTES", (ws / "evalgate.toml").stat().st_size)
+    monkeypatch.setattr(config_mod, "MAX_SUITE_BYTES", (ws / "evalgate.toml").stat().st_size)
     assert len(load_suite(ws / "evalgate.toml").prompts) == 20
 
 
@@ -71,7 +74,7 @@ def test_prompts_file_over_the_limit(ws, monkeypatch):
 
 
 def test_prompts_limit_default_applies_without_the_variable(ws, monkeypatch):
-    monkeypatch.setattr(suite_mod, "DEFAULT_MAX_PROMPTS_BYTES", 10)
+    monkeypatch.setattr(prompts_mod, "DEFAULT_MAX_PROMPTS_BYTES", 10)
     err = refused(lambda: load_prompts(ws / "prompts.jsonl"))
     assert "limit of 10 bytes" in str(err)
 
@@ -100,7 +103,7 @@ def test_bad_limit_variable_is_a_config_error(ws, monkeypatch, value):
 def test_suite_file_over_the_limit(ws, monkeypatch):
     path = (ws / "evalgate.toml").resolve()
     size = path.stat().st_size
-    monkeypatch.setattr(suite_mod, "MAX_SUITE_BYTES", size - 1)
+    monkeypatch.setattr(config_mod, "MAX_SUITE_BYTES", size - 1)
     err = refused(lambda: load_suite(path))
     text = str(err)
     assert str(path) in text and f"{size} bytes" in text and f"limit of {size - 1} bytes" in text
@@ -118,5 +121,5 @@ def test_pyproject_is_capped_too(ws, monkeypatch):
     path = (ws / "pyproject.toml").resolve()
     path.write_text("[tool.evalgate.engine]\nmodel = 'model'\n[tool.evalgate.prompts]\nfile = 'prompts.jsonl'\n")
     assert load_suite(path).name == ws.name
-    monkeypatch.setattr(suite_mod, "MAX_SUITE_BYTES", 10)
+    monkeypatch.setattr(config_mod, "MAX_SUITE_BYTES", 10)
     assert str(path) in str(refused(lambda: load_suite(path)))

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 import signal
@@ -49,6 +48,7 @@ from pathlib import Path
 
 from ..compare import first_divergence
 from ..errors import ConfigError, EngineError, EvalgateError
+from ..processes import group_members, is_python, signal_quietly
 from ..store import open_store
 from ..store.db import sqlite_path
 from ..suite import load_suite, resolve_database_url
@@ -392,22 +392,19 @@ class _BisectRun:
             return
         pgid = self.proc.pid
         try:
-            if Path("/proc").is_dir():
-                signalled: set[int] = set()
-                deadline = time.monotonic() + STOP_WAIT_SECONDS
-                while self.proc.poll() is None and time.monotonic() < deadline:
-                    for pid in _steps_in_group(pgid):  # a step git starts meanwhile is stopped too
-                        if pid not in signalled:
-                            _kill(pid, signal.SIGTERM)
-                            signalled.add(pid)
-                    time.sleep(0.2)
-            else:  # no /proc to find the steps: the whole group
-                _killpg(pgid, signal.SIGTERM)
+            signalled: set[int] = set()
+            deadline = time.monotonic() + STOP_WAIT_SECONDS
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                for pid in _steps_in_group(pgid):  # a step git starts meanwhile is stopped too
+                    if pid not in signalled:
+                        signal_quietly(pid, signal.SIGTERM)
+                        signalled.add(pid)
+                time.sleep(0.2)
             graceful = self._wait_group(pgid, STOP_WAIT_SECONDS)
         except KeyboardInterrupt:  # asked twice: no more waiting
             graceful = False
         if not graceful:
-            _killpg(pgid, signal.SIGKILL)
+            signal_quietly(pgid, signal.SIGKILL, group=True)
             self._wait_group(pgid, 10)
         if self.proc.poll() is None:
             self.proc.kill()
@@ -417,64 +414,18 @@ class _BisectRun:
     @staticmethod
     def _wait_group(pgid: int, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
-        while _group_members(pgid):
+        while group_members(pgid):
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.2)
         return True
 
 
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _group_members(pgid: int) -> dict[int, int]:
-    """{pid: parent pid} of the live processes in a process group (zombies, which an init that does not
-    reap could keep forever, do not count). Without /proc: signal 0 says whether any process is left."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-            return {pgid: 0}
-        except (ProcessLookupError, PermissionError):
-            return {}
-    members = {}
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()  # state ppid pgrp ...
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            members[int(entry.name)] = int(fields[1])
-    return members
-
-
 def _steps_in_group(pgid: int) -> list[int]:
     """The step processes: Python processes of the group whose parent is not one (that is git's shell or
     helper). Their own children, the engine processes, are stopped by the step itself (evalgate/worker.py),
     and a second SIGTERM from here could cut that clean-up short."""
-    python = os.path.realpath(sys.executable)
-
-    def is_python(pid: int) -> bool:
-        try:
-            return os.path.realpath(f"/proc/{pid}/exe") == python
-        except OSError:
-            return False
-
-    members = _group_members(pgid)
+    members = group_members(pgid)
     return [pid for pid, parent in members.items() if is_python(pid) and not (parent in members and is_python(parent))]
 
 

@@ -35,7 +35,7 @@ from ..fingerprint import ENV_IGNORED, ENV_PREFIXES, REDACTED
 from ..fingerprint import delta as fingerprint_delta
 from ..records import Completion, unpack_ids
 from ..store import RunRecord, Store
-from ..suite import SCORING_TYPES, Prompt
+from ..prompts import SCORING_TYPES, Prompt
 
 PACK_SCHEMA = "evalgate.repro/1"
 

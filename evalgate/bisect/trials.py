@@ -16,7 +16,8 @@ from ..fingerprint import REDACTED, env_snapshot
 from ..records import Completion
 from ..runner import Timings
 from ..store import RunRecord, Store
-from ..suite import Schedule, Suite, load_suite
+from ..schedule import Schedule
+from ..suite import Suite, load_suite
 
 RUN_KIND = "bisect"
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import EvalgateError, ExitCode
 
@@ -31,9 +32,10 @@ def handled(fn):
         try:
             return fn(*args, **kwargs)
         except EvalgateError as exc:
-            err_console.print(f"[bold red]error:[/] {exc.message}")
+            err_console.print(f"[bold red]error:[/] {escape(exc.message)}")
             if exc.fix:
-                err_console.print(f"  [bold]fix:[/] {exc.fix}")
+                err_console.print(f"  [bold]fix:[/] {escape(exc.fix)}")
+            show_engine_log(exc)
             raise typer.Exit(int(exc.exit_code))
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/]: the run is stored as incomplete and cannot become a baseline")
@@ -50,6 +52,17 @@ def handled(fn):
     return wrapper
 
 
+def show_engine_log(exc: BaseException) -> None:
+    """After an engine failure: where the engine's own output is, and its last lines."""
+    from ..worker import log_tail
+
+    path = getattr(exc, "engine_log", None)
+    tail = log_tail(path)
+    if tail:
+        err_console.print(f"  [bold]engine log[/] {escape(str(path))}, last lines:")
+        err_console.print(escape(tail), style="dim", soft_wrap=True)
+
+
 def open_store_for(db: str | None, suite_path: Path | None):
     """The existing store named by --db, else by the suite file, else the default under ./baselines."""
     from ..store import open_store
@@ -60,6 +73,10 @@ def open_store_for(db: str | None, suite_path: Path | None):
     if suite_path is not None or Path("evalgate.toml").is_file():
         return open_store(load_suite(suite_path or Path("evalgate.toml")).database, create=False)
     return open_store(resolve_database_url(DEFAULT_DATABASE, Path.cwd()), create=False)
+
+
+VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show the engine's own output (vLLM, torch) live instead of "
+                                                          "writing it to the run's engine log")
 
 
 def parse_levels(value: str | None) -> list[int] | None:

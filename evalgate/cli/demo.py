@@ -11,9 +11,9 @@ from ..demo import write_workspace
 from ..reports.terminal import render_report
 from ..suite import load_suite
 from ..tinymodel import build_model
+from .common import console, handled, progress_bar
 
 WEAKER_STEPS = 150  # measured: the arithmetic task's exact match falls from about 0.8 to about 0.2
-from .common import console, handled, progress_bar
 
 
 @handled

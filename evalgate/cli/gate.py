@@ -19,7 +19,7 @@ from ..reports.junit import write_infra_error, write_junit
 from ..reports.terminal import render_report
 from ..shard import parse_shard
 from ..suite import find_suite, load_suite
-from .common import console, err_console, handled, parse_levels, progress_bar
+from .common import VerboseOpt, console, err_console, handled, parse_levels, progress_bar
 
 SuiteArg = typer.Argument(None, help="Suite TOML file (default: ./evalgate.toml or \\[tool.evalgate] in ./pyproject.toml)")
 DbOpt = typer.Option(None, "--db", help="Database URL or SQLite path (overrides the suite's database)")
@@ -61,7 +61,7 @@ def _infra_outputs(exc: BaseException, kind: str, suite_name: str, junit, starte
 
 
 def _run(kind: str, suite_file, db, concurrency, shuffles, repeats, json_report, junit=None, *,
-         shard=None, group=None, merge=False, **kwargs):
+         shard=None, group=None, merge=False, verbose=False, **kwargs):
     started, timestamp = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="seconds")
     suite = load_suite(find_suite(suite_file), database=db)
     schedule = gate.resolve_schedule(suite, parse_levels(concurrency), shuffles, repeats)
@@ -74,10 +74,12 @@ def _run(kind: str, suite_file, db, concurrency, shuffles, repeats, json_report,
                 report = gate.merge(suite, group, kind=kind, **kwargs)
             elif kind == "baseline":
                 report = gate.create_baseline(suite, schedule=schedule, progress=update,
-                                              shard=parse_shard(shard) if shard else None, group=group, **kwargs)
+                                              shard=parse_shard(shard) if shard else None, group=group,
+                                              show_engine_output=verbose, **kwargs)
             else:
                 report = gate.check(suite, schedule=schedule, progress=update,
-                                    shard=parse_shard(shard) if shard else None, group=group, **kwargs)
+                                    shard=parse_shard(shard) if shard else None, group=group,
+                                    show_engine_output=verbose, **kwargs)
         changes = report.fingerprint_changes
     except BaseException as exc:
         if _is_infra(exc):
@@ -101,10 +103,11 @@ def create(suite_file: Optional[Path] = SuiteArg, db: Optional[str] = DbOpt, con
            shuffles: Optional[int] = ShufflesOpt, repeats: Optional[int] = RepeatsOpt,
            allow_variance: bool = typer.Option(False, "--allow-variance", help="Promote even if passes disagree"),
            json_report: Optional[Path] = JsonOpt, junit: Optional[Path] = JunitOpt,
-           shard: Optional[str] = ShardOpt, group: Optional[str] = GroupOpt, merge: bool = MergeOpt):
+           shard: Optional[str] = ShardOpt, group: Optional[str] = GroupOpt, merge: bool = MergeOpt,
+           verbose: bool = VerboseOpt):
     """Run the suite at every concurrency/order/repeat and store it as the baseline for this hardware."""
     _run("baseline", suite_file, db, concurrency, shuffles, repeats, json_report, junit, shard=shard, group=group,
-         merge=merge, allow_variance=allow_variance)
+         merge=merge, verbose=verbose, allow_variance=allow_variance)
 
 
 @handled
@@ -112,7 +115,8 @@ def check(suite_file: Optional[Path] = SuiteArg, db: Optional[str] = DbOpt, conc
           shuffles: Optional[int] = ShufflesOpt, repeats: Optional[int] = RepeatsOpt,
           strict: bool = typer.Option(False, "--strict", help="Explained changes, new and missing requests fail too"),
           json_report: Optional[Path] = JsonOpt, junit: Optional[Path] = JunitOpt,
-          shard: Optional[str] = ShardOpt, group: Optional[str] = GroupOpt, merge: bool = MergeOpt):
+          shard: Optional[str] = ShardOpt, group: Optional[str] = GroupOpt, merge: bool = MergeOpt,
+          verbose: bool = VerboseOpt):
     """Run the suite again; exit 1 on batch variance or a silent regression against the baseline."""
     _run("check", suite_file, db, concurrency, shuffles, repeats, json_report, junit, shard=shard, group=group,
-         merge=merge, strict=strict)
+         merge=merge, verbose=verbose, strict=strict)

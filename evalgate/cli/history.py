@@ -12,6 +12,7 @@ from rich.table import Table
 from .. import gate
 from ..reports.json_report import write_json
 from ..reports.terminal import render_report
+from ..store import display_status
 from .common import console, handled, open_store_for
 
 DbOpt = typer.Option(None, "--db", help="Database URL or SQLite path")
@@ -34,7 +35,7 @@ def runs_list(db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt,
         table.add_column(col)
     for run in store.runs(name, limit):
         counts = ", ".join(f"{k} {v}" for k, v in (run.summary or {}).items() if v)
-        table.add_row(str(run.id), run.suite_name, run.kind, run.status, run.verdict or "", counts,
+        table.add_row(str(run.id), run.suite_name, run.kind, display_status(run), run.verdict or "", counts,
                       _when(run.started_at), "yes" if run.id in baseline_ids else "")
     console.print(table)
 
@@ -47,10 +48,10 @@ def runs_show(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = Su
     record = store.load(run_id)
     run = record.run
     info = {
-        "run": run.id, "suite": run.suite_name, "suite_path": run.suite_path, "kind": run.kind, "status": run.status,
+        "run": run.id, "suite": run.suite_name, "suite_path": run.suite_path, "kind": run.kind, "status": display_status(run),
         "verdict": run.verdict, "exit_code": run.exit_code, "baseline_run_id": run.baseline_run_id,
         "started_at": _when(run.started_at), "finished_at": _when(run.finished_at), "error": run.error,
-        "summary": run.summary, "schedule": run.schedule,
+        "summary": run.summary, "owner": run.owner, "engine_log": run.engine_log, "schedule": run.schedule,
         "fingerprint": {name: comp["hash"][:16] for name, comp in record.fingerprint.items()},
         "engine": record.fingerprint.get("engine", {}).get("data"),
         "requests": len(record.requests), "outputs": sum(len(v) for v in record.outputs.values()),

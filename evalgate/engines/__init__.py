@@ -1,40 +1,57 @@
-"""Engine registry: the suite's `engine.kind` picks the implementation; heavy imports stay inside it."""
+"""The engine registry: `[engine] kind` names an `Engine` subclass (evalgate/engines/base.py).
+
+Built-in kinds are listed as "module:Class" strings, so choosing one imports only its module; the
+engine's heavy imports (vLLM, httpx) happen later still, when it is built. Third parties add kinds
+through the `evalgate.engines` entry-point group, as lm-eval's `register_model` and llm's plugins do:
+
+    [project.entry-points."evalgate.engines"]
+    my-engine = "my_package.engine:MyEngine"
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+import importlib
+from importlib import metadata
+from typing import TYPE_CHECKING
 
-from ..records import Completion
-from ..suite import Prompt, Suite
+from .base import COMMON_KEYS, INVARIANCE_PLATFORMS, Engine, EngineConfig, arrange_batch_invariance
+
+if TYPE_CHECKING:
+    from ..suite import Suite
+
+BUILTIN_ENGINES = {
+    "vllm": "evalgate.engines.vllm_offline:VllmOfflineEngine",
+    "openai": "evalgate.engines.openai_api:OpenAIEngine",
+    "vllm-server": "evalgate.engines.vllm_server:VllmServerEngine",
+    # A test engine (docs/design.md, "The fake engine"): deterministic outputs without a model runtime.
+    "fake": "evalgate.engines.fake:FakeEngine",
+}
+ENTRY_POINT_GROUP = "evalgate.engines"
 
 
-class Engine(Protocol):
-    kind: str
-    launch_env: dict[str, str]  # allow-listed environment the engine started with (fingerprint `env`)
-    tokenizer: object  # the Hugging Face tokenizer the engine uses (lm-eval requests are tokenized with it)
+def engine_kinds() -> dict[str, str]:
+    """Every known kind -> "module:Class": the built-in ones, then those of installed plugins."""
+    kinds = dict(BUILTIN_ENGINES)
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        kinds.setdefault(entry.name, entry.value)
+    return kinds
 
-    def identity(self) -> dict: ...
-    def tokenize(self, prompt: Prompt) -> list[int]: ...
-    def generate(self, prompts: list[Prompt]) -> list[Completion]: ...
-    def close(self) -> None: ...
-    # Optional: `reset_cache()` forgets cached prompt prefixes (the offline engine has it; bisect trials
-    # call it before each wave, evalgate/runner.py), so an output never depends on what ran before it.
 
-    @property
-    def max_model_len(self) -> int: ...
+def engine_class(kind: str) -> type[Engine] | None:
+    """The class registered for `kind`, or None when no kind of that name is known."""
+    target = engine_kinds().get(kind)
+    if target is None:
+        return None
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def open_engine(suite: Suite) -> Engine:
-    if suite.engine_kind == "vllm":
-        from .vllm_offline import VllmOfflineEngine
+    cls = engine_class(suite.engine_kind)
+    if cls is None:
+        raise ValueError(f"unknown engine kind {suite.engine_kind!r}")
+    return cls(suite)
 
-        return VllmOfflineEngine(suite)
-    if suite.engine_kind == "openai":
-        from .openai_api import OpenAIEngine
 
-        return OpenAIEngine(suite)
-    if suite.engine_kind == "vllm-server":
-        from .vllm_server import VllmServerEngine
-
-        return VllmServerEngine(suite)
-    raise ValueError(f"unknown engine kind {suite.engine_kind!r}")
+__all__ = ["BUILTIN_ENGINES", "COMMON_KEYS", "INVARIANCE_PLATFORMS", "Engine", "EngineConfig",
+           "arrange_batch_invariance", "engine_class", "engine_kinds", "open_engine"]

@@ -22,19 +22,24 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .. import config
+from ..config import check_keys, fail, typed
 from ..errors import ConfigError, EngineError
 from ..fingerprint import component
 from ..hashing import digest
+from ..prompts import SCORING_TYPES, Prompt
 from ..records import Completion
-from ..suite import SCORING_TYPES, Prompt, Suite
+from .base import COMMON_KEYS, Engine, EngineConfig
 
-SERVER_KINDS = ("openai", "vllm-server")
+if TYPE_CHECKING:
+    from ..suite import Suite
+
 # [engine] keys evalgate reads for the server kinds; for `vllm-server` every other key becomes a CLI flag.
-COMMON_KEYS = {"kind", "model", "tokenizer", "batch_invariant", "api_key_env", "timeout", "retries"}
-OPENAI_KEYS = COMMON_KEYS | {"base_url", "served_model", "model_hash"}
-VLLM_SERVER_OWN_KEYS = COMMON_KEYS | {"startup_timeout"}
+SERVER_KEYS = COMMON_KEYS | {"api_key_env", "timeout", "retries"}
+OPENAI_KEYS = SERVER_KEYS | {"base_url", "served_model", "model_hash"}
+VLLM_SERVER_OWN_KEYS = SERVER_KEYS | {"startup_timeout"}
 # Flags evalgate sets itself when it starts the server (key -> fix).
 VLLM_SERVER_RESERVED = {
     "host": "evalgate serves on 127.0.0.1 only; remove `{sec}host`",
@@ -67,79 +72,62 @@ class ServerConfig:
     startup_timeout: float = 600.0  # vllm-server: seconds to wait for /health
 
 
-def parse_server_engine(kind: str, table: dict, root, where: str, sec: str) -> dict[str, Any]:
-    """Validate [engine] for a server kind (suite.py's strict style). Returns the Suite fields: model,
-    tokenizer, batch_invariant, engine_args, server."""
-    from ..suite import _check_keys, _fail, _is_dir, _is_file, _not_json, _resolve, _typed
-
+def parse_server_config(kind: str, table: dict, root, where: str, sec: str) -> EngineConfig:
+    """Validate [engine] for a server kind (evalgate/config.py's strict style)."""
     if kind == "openai":
-        _check_keys(table, OPENAI_KEYS, where, sec)
+        check_keys(table, OPENAI_KEYS, where, sec)
     for key, fix in VLLM_SERVER_RESERVED.items():
         if kind == "vllm-server" and key in table:
-            raise _fail(where, f"`{sec}{key}` is set by evalgate for kind = \"vllm-server\"", fix.format(sec=sec))
+            raise fail(where, f"`{sec}{key}` is set by evalgate for kind = \"vllm-server\"", fix.format(sec=sec))
 
-    model_s = _typed(table, "model", str, where, sec)
-    model = None
-    if model_s is not None or kind == "vllm-server":
-        if not model_s:
-            raise _fail(where, f"`{sec}model` is missing", "set it to a local model directory (config.json + weights)")
-        model = _resolve(root, model_s, where, f"{sec}model")
-        if not _is_dir(model) or not _is_file(model / "config.json"):
-            raise _fail(where, f"`{sec}model`: {model} is not a model directory (no config.json)",
-                        "point it at a local Hugging Face model directory; `evalgate build-model DIR` builds a tiny one")
-    tok_s = _typed(table, "tokenizer", str, where, sec)
-    tokenizer = _resolve(root, tok_s, where, f"{sec}tokenizer") if tok_s else None
-    if tokenizer is not None and not _is_dir(tokenizer):
-        raise _fail(where, f"`{sec}tokenizer`: {tokenizer} is not a directory", "point it at a tokenizer directory")
+    model = config.model_dir(table, root, where, sec, required=kind == "vllm-server")
+    tokenizer = config.tokenizer_dir(table, root, where, sec)
 
-    api_key_env = _typed(table, "api_key_env", str, where, sec)
+    api_key_env = typed(table, "api_key_env", str, where, sec)
     if api_key_env is not None and not ENV_NAME.match(api_key_env):
-        raise _fail(where, f"`{sec}api_key_env` = {api_key_env!r} is not an environment variable name",
+        raise fail(where, f"`{sec}api_key_env` = {api_key_env!r} is not an environment variable name",
                     "name the variable that holds the key, e.g. api_key_env = \"VLLM_API_KEY\" (never the key itself)")
-    timeout = _typed(table, "timeout", (int, float), where, sec, default=ServerConfig.timeout)
+    timeout = typed(table, "timeout", (int, float), where, sec, default=ServerConfig.timeout)
     if not (0 < timeout < float("inf")):
-        raise _fail(where, f"`{sec}timeout` must be a positive number of seconds, got {timeout}", "e.g. timeout = 120")
-    retries = _typed(table, "retries", int, where, sec, default=ServerConfig.retries)
+        raise fail(where, f"`{sec}timeout` must be a positive number of seconds, got {timeout}", "e.g. timeout = 120")
+    retries = typed(table, "retries", int, where, sec, default=ServerConfig.retries)
     if not (0 <= retries <= 20):
-        raise _fail(where, f"`{sec}retries` must be between 0 and 20, got {retries}", "e.g. retries = 3")
+        raise fail(where, f"`{sec}retries` must be between 0 and 20, got {retries}", "e.g. retries = 3")
     startup = ServerConfig.startup_timeout
     base_url = served = model_hash = None
     if kind == "openai":
-        base_url = _typed(table, "base_url", str, where, sec)
+        base_url = typed(table, "base_url", str, where, sec)
         if not base_url:
-            raise _fail(where, f"`{sec}base_url` is missing", 'set it to the server, e.g. base_url = "http://127.0.0.1:8000"')
+            raise fail(where, f"`{sec}base_url` is missing", 'set it to the server, e.g. base_url = "http://127.0.0.1:8000"')
         if not re.match(r"^https?://[^/\s]+", base_url):
-            raise _fail(where, f"`{sec}base_url` = {base_url!r} is not an http(s) URL", 'e.g. base_url = "http://127.0.0.1:8000"')
+            raise fail(where, f"`{sec}base_url` = {base_url!r} is not an http(s) URL", 'e.g. base_url = "http://127.0.0.1:8000"')
         base_url = re.sub(r"/v1$", "", base_url.rstrip("/"))
-        served = _typed(table, "served_model", str, where, sec)
+        served = typed(table, "served_model", str, where, sec)
         if not served:
-            raise _fail(where, f"`{sec}served_model` is missing",
+            raise fail(where, f"`{sec}served_model` is missing",
                         "set it to the model name the server serves (GET /v1/models lists it)")
-        model_hash = _typed(table, "model_hash", str, where, sec)
+        model_hash = typed(table, "model_hash", str, where, sec)
         if model_hash is not None and (not model_hash.strip() or model is not None):
-            raise _fail(where, f"`{sec}model_hash` must be a non-empty string, and only without `{sec}model`",
-                        f"declare the weights' content hash when evalgate cannot read them; with `{sec}model` evalgate hashes the directory")
+            raise fail(where, f"`{sec}model_hash` must be a non-empty string, and only without `{sec}model`",
+                       f"declare the weights' content hash when evalgate cannot read them; with `{sec}model` "
+                       "evalgate hashes the directory")
         engine_args: dict[str, Any] = {}
     else:
-        startup = _typed(table, "startup_timeout", (int, float), where, sec, default=startup)
+        startup = typed(table, "startup_timeout", (int, float), where, sec, default=startup)
         if not (0 < startup < float("inf")):
-            raise _fail(where, f"`{sec}startup_timeout` must be a positive number of seconds", "e.g. startup_timeout = 600")
-        engine_args = {k: v for k, v in table.items() if k not in VLLM_SERVER_OWN_KEYS}
-        for key, value in engine_args.items():
-            reason = _not_json(value)
-            if reason:
-                raise _fail(where, f"`{sec}{key}` holds {reason}", "use a string, a finite number, true/false, a list or a table")
+            raise fail(where, f"`{sec}startup_timeout` must be a positive number of seconds", "e.g. startup_timeout = 600")
+        engine_args = config.json_values({k: v for k, v in table.items() if k not in VLLM_SERVER_OWN_KEYS}, where, sec)
         served_name = engine_args.get("served_model_name")
         if isinstance(served_name, list):
             served_name = served_name[0] if served_name else None
         served = str(served_name) if served_name else str(model)  # vLLM serves the --model path by default
-    return {
-        "model": model, "tokenizer": tokenizer,
-        "batch_invariant": _typed(table, "batch_invariant", bool, where, sec, default=True),
-        "engine_args": engine_args,
-        "server": ServerConfig(base_url=base_url, served_model=served, api_key_env=api_key_env, model_hash=model_hash,
-                               timeout=float(timeout), retries=retries, startup_timeout=float(startup)),
-    }
+    return EngineConfig(
+        model=model, tokenizer=tokenizer,
+        batch_invariant=typed(table, "batch_invariant", bool, where, sec, default=True),
+        engine_args=engine_args,
+        server=ServerConfig(base_url=base_url, served_model=served, api_key_env=api_key_env, model_hash=model_hash,
+                            timeout=float(timeout), retries=retries, startup_timeout=float(startup)),
+    )
 
 
 # --- the HTTP client ------------------------------------------------------------------------------------
@@ -280,8 +268,14 @@ class ServerInfo:
     tokenizer_probe: list[int] | None = None
 
 
-class OpenAIEngine:
+class OpenAIEngine(Engine):
     kind = "openai"
+    own_keys = OPENAI_KEYS
+    accepts_load = True
+
+    @classmethod
+    def parse_config(cls, table: dict, root, where: str, section: str) -> EngineConfig:
+        return parse_server_config(cls.kind, table, root, where, section)
 
     def __init__(self, suite: Suite, base_url: str | None = None):
         self.suite = suite
@@ -294,10 +288,10 @@ class OpenAIEngine:
         self.launch_env: dict[str, str] = {}  # a remote server's environment is not visible to evalgate
         self._tokenizer = None
         self._texts: dict[int, str] = {}
-        api_key = _api_key(suite)
+        key = api_key(suite)
         self.loop = EventLoop()
         try:
-            self.client: ApiClient = self.loop.run(self._make_client(api_key))
+            self.client: ApiClient = self.loop.run(self._make_client(key))
             self.info = self.loop.run(self._discover())
         except BaseException:
             self.close()  # no thread or connection outlives a failed start
@@ -410,19 +404,14 @@ class OpenAIEngine:
 
     # -- requests --
 
-    def tokenize(self, prompt: Prompt) -> list[int]:
-        if prompt.request_type in SCORING_TYPES:
-            first_context = list(prompt.segments[0][0]) if prompt.segments else []
-            return first_context + [t for _, continuation in prompt.segments for t in continuation]
-        if prompt.prompt_ids is not None:
-            return list(prompt.prompt_ids)
-        return self.loop.run(self._tokenize(prompt))
+    def encode(self, text: str) -> list[int]:
+        return self.loop.run(self._tokenize(text))
 
-    async def _tokenize(self, prompt: Prompt) -> list[int]:
+    async def _tokenize(self, text: str) -> list[int]:
         try:
-            out = await self.client.call("POST", "/tokenize", {"model": self.served_model, "prompt": prompt.text})
+            out = await self.client.call("POST", "/tokenize", {"model": self.served_model, "prompt": text})
         except RequestFailed as exc:
-            raise EngineError(f"tokenizing request {prompt.key!r} on the server failed: {exc.reason}") from None
+            raise EngineError(f"tokenizing {config.short(text, 60)} on the server failed: {exc.reason}") from None
         return list(out["tokens"])
 
     def generate(self, prompts: list[Prompt]) -> list[Completion]:
@@ -553,7 +542,7 @@ class OpenAIEngine:
             loop.close()
 
 
-def _api_key(suite: Suite) -> str | None:
+def api_key(suite: Suite) -> str | None:
     name = suite.server.api_key_env
     if name is None:
         return None

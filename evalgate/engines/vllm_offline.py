@@ -8,19 +8,21 @@ and records "requested, not in force" in the engine identity.
 from __future__ import annotations
 
 import os
+import re
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, EngineError, MissingDependency
 from ..fingerprint import env_snapshot
+from ..prompts import SCORING_TYPES, Prompt
 from ..records import Completion
-from ..suite import SCORING_TYPES, Prompt, Suite
+from .base import INVARIANCE_PLATFORMS, Engine, arrange_batch_invariance
 
-# Platforms whose vLLM build ships the batch-invariant kernels.
-INVARIANCE_PLATFORMS = ("cuda", "rocm", "xpu")
+if TYPE_CHECKING:
+    from ..suite import Suite
 
 
-def _import_vllm():
+def import_vllm():
     # In-process engine core: starts in seconds instead of tens, and Ctrl-C reaches evalgate directly.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     # vLLM's INFO logs would drown the report; read once at import.
@@ -33,7 +35,7 @@ def _import_vllm():
     return vllm
 
 
-def _platform_name() -> str:
+def platform_name() -> str:
     from vllm.platforms import current_platform
 
     for name in ("cuda", "rocm", "xpu", "cpu", "tpu"):
@@ -46,7 +48,7 @@ def _platform_name() -> str:
 def known_engine_args() -> set[str]:
     import dataclasses
 
-    _import_vllm()
+    import_vllm()
     from vllm.engine.arg_utils import EngineArgs
 
     return {f.name for f in dataclasses.fields(EngineArgs)}
@@ -66,16 +68,17 @@ def check_engine_args(suite: Suite) -> None:
             )
 
 
-class VllmOfflineEngine:
+class VllmOfflineEngine(Engine):
     kind = "vllm"
+    can_reset_cache = True
 
     def __init__(self, suite: Suite):
         self.suite = suite
-        vllm = _import_vllm()
+        vllm = import_vllm()
         self.version = vllm.__version__
         check_engine_args(suite)
-        self.platform = _platform_name()
-        self.invariance = self._arrange_batch_invariance()
+        self.platform = platform_name()
+        self.invariance = arrange_batch_invariance(suite.batch_invariant, self.platform)
         # vLLM needs an explicit KV-cache size on CPU; a small default keeps the footprint modest.
         if self.platform == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -85,24 +88,13 @@ class VllmOfflineEngine:
         args.setdefault("seed", 0)
         try:
             self.llm = vllm.LLM(model=str(suite.model), tokenizer=str(suite.tokenizer or suite.model), **args)
-        except Exception as exc:  # vLLM raises many types; any failure to start is an engine error
+        except Exception as exc:  # vLLM raises many types; any failure to start is an engine error...
+            if rejected_by_config(exc):  # ...unless vLLM refused a value the user wrote: exit 2
+                raise engine_config_error(suite, exc) from None
             raise EngineError(f"vLLM failed to start with model {suite.model}: {type(exc).__name__}: {exc}") from exc
         if self.invariance["requested"] and self.platform in INVARIANCE_PLATFORMS:
             self.invariance["in_force"] = _invariance_active()
         self.tokenizer = self.llm.get_tokenizer()
-
-    def _arrange_batch_invariance(self) -> dict[str, Any]:
-        requested = self.suite.batch_invariant
-        state = {"requested": requested, "in_force": False, "reason": ""}
-        if not requested:
-            os.environ.pop("VLLM_BATCH_INVARIANT", None)
-            state["reason"] = "not requested"
-        elif self.platform in INVARIANCE_PLATFORMS:
-            os.environ["VLLM_BATCH_INVARIANT"] = "1"
-        else:
-            os.environ.pop("VLLM_BATCH_INVARIANT", None)
-            state["reason"] = f"not available on this platform ({self.platform}): vLLM's batch-invariant kernels need CUDA, ROCm or XPU"
-        return state
 
     def identity(self) -> dict[str, Any]:
         """The `engine` fingerprint component: everything about the engine that may change outputs."""
@@ -136,13 +128,8 @@ class VllmOfflineEngine:
     def max_model_len(self) -> int:
         return self.llm.llm_engine.vllm_config.model_config.max_model_len
 
-    def tokenize(self, prompt: Prompt) -> list[int]:
-        if prompt.request_type in SCORING_TYPES:  # context of the first window, then every scored token
-            first_context = list(prompt.segments[0][0]) if prompt.segments else []
-            return first_context + [t for _, continuation in prompt.segments for t in continuation]
-        if prompt.prompt_ids is not None:
-            return list(prompt.prompt_ids)
-        return list(self.tokenizer.encode(prompt.text))
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
 
     def generate(self, prompts: list[Prompt]) -> list[Completion]:
         """Submit these requests together (one wave: they share the engine's batches). A scoring request
@@ -172,10 +159,8 @@ class VllmOfflineEngine:
         return [_scored(p, outs, k, self.tokenizer) if p.request_type in SCORING_TYPES else _completion(p, outs[0], k)
                 for p, outs in zip(prompts, per_request)]
 
-    def reset_cache(self) -> None:
-        """Forget cached prompt prefixes, so the next submission computes from scratch (bisect trials)."""
-        if hasattr(self.llm, "reset_prefix_cache"):
-            self.llm.reset_prefix_cache()
+    def reset_cache(self) -> bool:
+        return bool(self.llm.reset_prefix_cache())
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
@@ -188,6 +173,27 @@ class VllmOfflineEngine:
         import gc
 
         gc.collect()
+
+
+def rejected_by_config(exc: BaseException) -> bool:
+    """Whether vLLM refused its configuration (a value it validates, e.g. max_model_len over the model's
+    positions) rather than failing to run: the error was raised while vLLM built its engine config."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "create_engine_config":
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def engine_config_error(suite: Suite, exc: BaseException, section: str = "engine") -> ConfigError:
+    """The user's configuration, named: the suite file, the [engine] keys vLLM's reason mentions, the reason."""
+    reason = " ".join(str(exc).split())
+    reason = reason[:600] + (" ..." if len(reason) > 600 else "")
+    named = [f"`{section}.{key}`" for key in suite.engine_args if re.search(rf"\b{re.escape(key)}\b", reason)]
+    fields = ", ".join(named) if named else f"a value in [{section}]"
+    return ConfigError(f"{suite.path}: vLLM refused {fields}: {reason}",
+                       fix=f"change {fields} in {suite.path} to a value this model and vLLM accept (the reason is above)")
 
 
 def _name(value) -> str:

@@ -32,28 +32,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from ..errors import ConfigError, EngineError
 from ..fingerprint import env_snapshot
-from ..suite import Suite
-from .openai_api import OpenAIEngine
+from ..processes import set_parent_death_signal
+from .base import EngineConfig, arrange_batch_invariance
+from .openai_api import VLLM_SERVER_OWN_KEYS, OpenAIEngine, api_key, parse_server_config
 
-PR_SET_PDEATHSIG = 1
+if TYPE_CHECKING:
+    from ..suite import Suite
+
 STOP_GRACE = 10.0  # seconds the server gets to shut down before the process group is killed
 LOG_TAIL = 3000  # characters of the server log quoted in errors
-INVARIANCE_PLATFORMS = ("cuda", "rocm", "xpu")
-
-
-def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
-    """Ask Linux to send `sig` to this process when its parent dies (a no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def free_port() -> int:
@@ -206,17 +197,20 @@ def _usage_error(log: str) -> str | None:
 
 
 def _platform() -> str:
-    from .vllm_offline import _platform_name
+    from .vllm_offline import platform_name
 
-    return _platform_name()
+    return platform_name()
 
 
 class VllmServerEngine(OpenAIEngine):
     kind = "vllm-server"
+    own_keys = VLLM_SERVER_OWN_KEYS
+
+    @classmethod
+    def parse_config(cls, table: dict, root, where: str, section: str) -> EngineConfig:
+        return parse_server_config(cls.kind, table, root, where, section)
 
     def __init__(self, suite: Suite):
-        from .openai_api import _api_key
-
         self.suite = suite
         self.platform = _platform()
         args = dict(suite.engine_args)
@@ -227,18 +221,10 @@ class VllmServerEngine(OpenAIEngine):
         env = dict(os.environ)
         if self.platform == "cpu":
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        self.invariance = {"requested": suite.batch_invariant, "in_force": False, "reason": ""}
-        if not suite.batch_invariant:
-            env.pop("VLLM_BATCH_INVARIANT", None)
-            self.invariance["reason"] = "not requested"
-        elif self.platform in INVARIANCE_PLATFORMS:
-            env["VLLM_BATCH_INVARIANT"] = "1"
-            self.invariance["in_force"] = True  # set in the server's environment at start
-        else:
-            env.pop("VLLM_BATCH_INVARIANT", None)
-            self.invariance["reason"] = (f"not available on this platform ({self.platform}): vLLM's batch-invariant "
-                                         "kernels need CUDA, ROCm or XPU")
-        key = _api_key(suite)
+        self.invariance = arrange_batch_invariance(suite.batch_invariant, self.platform, env)
+        # set in the server's environment at start
+        self.invariance["in_force"] = env.get("VLLM_BATCH_INVARIANT") == "1"
+        key = api_key(suite)
         env.pop("VLLM_API_KEY", None)
         if key:
             env["VLLM_API_KEY"] = key  # the server reads it from its environment: never on a command line

@@ -16,11 +16,16 @@ def token_label(token_id: int | None, text: str | None) -> str:
     return f"{token_id} {text!r}" if text is not None else str(token_id)
 
 
-def divergence_tokens(d: Divergence) -> tuple[str, str]:
-    """Reference and current token at the first divergence; a logprob divergence also shows both logprobs."""
+def divergence_tokens(d: Divergence, *, compact: bool = False) -> tuple[str, str]:
+    """Reference and current token at the first divergence; a logprob divergence also shows both logprobs:
+    every digit (CI files), or `compact` for people: 7 significant digits and the difference."""
     ref, cur = token_label(d.reference_id, d.reference_text), token_label(d.other_id, d.other_text)
     if d.kind == "logprob":
-        ref, cur = f"{ref} lp={d.reference_logprob!r}", f"{cur} lp={d.other_logprob!r}"
+        if compact:
+            a, b = d.reference_logprob, d.other_logprob
+            ref, cur = f"{ref} lp={a:.7g}", f"{cur} lp={b:.7g} (Δ {b - a:+.2g})"
+        else:
+            ref, cur = f"{ref} lp={d.reference_logprob!r}", f"{cur} lp={d.other_logprob!r}"
     return ref, cur
 
 
@@ -55,7 +60,7 @@ def is_failure(verdict: str, strict: bool) -> bool:
     return verdict in (STRICT_FAILURES if strict else FAILURES)
 
 
-def one_line(v: RequestVerdict) -> str:
+def one_line(v: RequestVerdict, *, compact: bool = False) -> str:
     """`explained_change at token 2: reference 315 ' upon', current 99 ' in' (margin 2.531); model`."""
     d = v.divergence
     if v.verdict == "new":
@@ -64,7 +69,7 @@ def one_line(v: RequestVerdict) -> str:
         return "missing: in the baseline, not in this run"
     if d is None:
         return v.verdict
-    ref, cur = divergence_tokens(d)
+    ref, cur = divergence_tokens(d, compact=compact)
     margin = f" (margin {margin_text(d.margin)})" if d.margin is not None else ""
     reason = why(v)
     return f"{v.verdict} at token {d.position} ({d.kind}): reference {ref}, current {cur}{margin}" + (

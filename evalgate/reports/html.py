@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..fingerprint import delta, describe_changes
 from ..records import Completion
+from ..store import display_status
 from ..verdict import FAILURES, VERDICTS, RequestVerdict
 from .explain import STACK_NAMES, invariance, margin_text, one_line, token_label, verdict_from_dict, why
 
@@ -335,7 +336,7 @@ def build_page(store, run_id: int) -> ReportPage:
 
     engine = record.fingerprint.get("engine", {}).get("data", {})
     return ReportPage(
-        suite_name=run.suite_name, run_id=run.id, kind=run.kind, status=run.status, verdict=run.verdict,
+        suite_name=run.suite_name, run_id=run.id, kind=run.kind, status=display_status(run), verdict=run.verdict,
         exit_code=run.exit_code, error=run.error, suite_path=run.suite_path, started_at=_when(run.started_at),
         finished_at=_when(run.finished_at), baseline_run_id=run.baseline_run_id,
         batch_invariance=engine.get("batch_invariance", {}) if isinstance(engine, dict) else {},

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..verdict import FAILURES, Report
-from .explain import divergence_tokens, margin_text, why
+from .explain import divergence_tokens, margin_text, one_line, why
 
 STYLE = {
     "stable": "green", "batch_variance": "bold red", "silent_regression": "bold red",
@@ -45,13 +45,17 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
     console.print(counts)
 
     differing = [v for v in report.verdicts if v.verdict != "stable"]
-    if differing:
+    if differing and not console.is_terminal:  # CI logs: a table wrapped at 80 columns is unreadable
+        console.print("differing requests:")
+        for v in differing[:MAX_ROWS]:
+            console.print(escape(f"  {v.key}: {one_line(v, compact=True)}"), soft_wrap=True)
+    elif differing:
         table = Table(title="differing requests", title_justify="left")
         for col in ("request", "verdict", "pos", "reference token", "current token", "margin", "why"):
             table.add_column(col, overflow="fold")
         for v in differing[:MAX_ROWS]:
             d = v.divergence
-            ref_tok, cur_tok = divergence_tokens(d) if d is not None else ("", "")
+            ref_tok, cur_tok = divergence_tokens(d, compact=True) if d is not None else ("", "")
             table.add_row(
                 Text(v.key), Text(v.verdict, style=STYLE[v.verdict]),
                 "" if d is None else str(d.position), ref_tok, cur_tok, margin_text(d.margin if d else None), why(v),
@@ -70,6 +74,8 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
         console.print("[bold green]PASS[/] (exit 0)")
     for line in next_steps(report):
         console.print(escape(line), style="dim")
+    if report.engine_log:
+        console.print(escape(f"engine log: {report.engine_log}"), style="dim", soft_wrap=True)
     if report.kind == "baseline":
         if report.promoted:
             console.print(f"run {report.run_id} is now the baseline for suite {report.suite_name!r} on this hardware")

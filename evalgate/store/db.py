@@ -100,7 +100,8 @@ def make_engine(url: str) -> Engine:
             kwargs = {"json_serializer": server_json_dumps, "json_deserializer": server_json_loads}
         return create_engine(url, pool_pre_ping=True, **kwargs)
     except Exception as exc:  # bad URL, missing driver
-        raise ConfigError(f"database URL {display_url(url)!r}: {exc}", fix="use a SQLAlchemy URL such as sqlite:///baselines/evalgate.sqlite") from None
+        raise ConfigError(f"database URL {display_url(url)!r}: {exc}",
+                          fix="use a SQLAlchemy URL such as sqlite:///baselines/evalgate.sqlite") from None
 
 
 def migrate(engine: Engine, url: str) -> None:

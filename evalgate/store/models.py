@@ -35,7 +35,8 @@ class Run(Base):
     suite_name: Mapped[str] = mapped_column(String(200), index=True)
     suite_path: Mapped[str] = mapped_column(Text)
     kind: Mapped[str] = mapped_column(String(20))  # baseline | check
-    # running -> complete | failed | interrupted. Only `complete` runs can become baselines.
+    # running -> complete | failed | interrupted (shown `abandoned` when its owner died). Only `complete`
+    # runs can become baselines.
     status: Mapped[str] = mapped_column(String(20), default="running")
     verdict: Mapped[str | None] = mapped_column(String(40))  # pass | regression | ... once complete
     exit_code: Mapped[int | None] = mapped_column(Integer)
@@ -51,6 +52,10 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(NulSafeText)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
+    # The process that finishes the run (host, pid, start time): a `running` run whose owner is gone is
+    # shown as `abandoned` (evalgate/store/runs.py display_status). NULL for runs stored before 0007.
+    owner: Mapped[dict | None] = mapped_column(JSON)
+    engine_log: Mapped[str | None] = mapped_column(Text)  # the engine process's log file, if it had one
 
 
 class Request(Base):

@@ -1,0 +1,199 @@
+"""Reading configuration tables: the one place that turns TOML values into checked Python values.
+
+Every reader here raises a ConfigError whose message names the file and the field (`where`: the file,
+`section`: the dotted prefix such as `engine.` or `tool.evalgate.engine.`) and whose `fix` says what to
+write instead. The suite file (evalgate/suite.py), each engine kind's `[engine]` keys
+(evalgate/engines/), `[load]` (evalgate/load.py) and `[cost]` (evalgate/cost.py) are all parsed with it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import difflib
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+# A suite file is configuration; prompts belong in the prompts file (docs/suite.md, "Limits").
+MAX_SUITE_BYTES = 1 << 20  # 1 MiB
+
+
+def fail(where: str, message: str, fix: str) -> ConfigError:
+    return ConfigError(f"{where}: {message}", fix=fix)
+
+
+def check_keys(table: dict, allowed: set[str], where: str, section: str) -> None:
+    """Refuse a key not in `allowed`, with a did-you-mean when one is close."""
+    for key in table:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            hint = f"did you mean `{close[0]}`?" if close else f"allowed keys: {', '.join(sorted(allowed))}"
+            raise fail(where, f"unknown key `{section}{key}`", hint)
+
+
+def typed(table: dict, key: str, types, where: str, section: str, default=None):
+    """`table[key]` if it is of `types` (a bool is never an int here), `default` if absent."""
+    if key not in table:
+        return default
+    value = table[key]
+    allowed = types if isinstance(types, tuple) else (types,)
+    if isinstance(value, bool) and bool not in allowed:
+        raise fail(where, f"`{section}{key}` must be {type_name(types)}, got a boolean", f"set `{key}` to a {type_name(types)}")
+    if not isinstance(value, types):
+        raise fail(where, f"`{section}{key}` must be {type_name(types)}, got {type(value).__name__} {value!r}",
+                   f"set `{key}` to a {type_name(types)}")
+    return value
+
+
+def type_name(types) -> str:
+    types = types if isinstance(types, tuple) else (types,)
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list", dict: "a table"}
+    return " or ".join(dict.fromkeys(names.get(t, t.__name__) for t in types))
+
+
+def short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 5] + "...'"
+
+
+def os_reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def resolve_path(root: Path, value: str, where: str, field: str) -> Path:
+    """`root / value`, resolved. A path the OS cannot look at (NUL byte, name too long, symlink loop, no
+    permission) is a ConfigError naming the field; a path that does not exist is returned for the caller to judge."""
+    try:
+        path = (root / value).resolve()
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return path
+    except (OSError, ValueError, RuntimeError) as exc:  # RuntimeError: symlink loop in resolve() (Python < 3.13)
+        raise fail(where, f"`{field}` = {short(value)} is not a usable path ({os_reason(exc)})",
+                   f"set `{field}` to an existing path (relative to the suite file's directory)") from None
+    return path
+
+
+def is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):
+        return False
+
+
+def model_dir(table: dict, root: Path, where: str, section: str, *, required: bool) -> Path | None:
+    """`model`: a local Hugging Face model directory (config.json + weights), or None when optional and absent."""
+    value = typed(table, "model", str, where, section)
+    if value is None and not required:
+        return None
+    if not value:
+        raise fail(where, f"`{section}model` is missing", "set it to a local model directory (config.json + weights)")
+    path = resolve_path(root, value, where, f"{section}model")
+    if not is_dir(path) or not is_file(path / "config.json"):
+        raise fail(where, f"`{section}model`: {path} is not a model directory (no config.json)",
+                   "point it at a local Hugging Face model directory; `evalgate build-model DIR` builds one")
+    return path
+
+
+def tokenizer_dir(table: dict, root: Path, where: str, section: str) -> Path | None:
+    value = typed(table, "tokenizer", str, where, section)
+    path = resolve_path(root, value, where, f"{section}tokenizer") if value else None
+    if path is not None and not is_dir(path):
+        raise fail(where, f"`{section}tokenizer`: {path} is not a directory", "point it at a tokenizer directory")
+    return path
+
+
+def not_json(value: Any) -> str | None:
+    """Why `value` cannot be part of an identity hash (canonical JSON), or None if it can."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"a non-finite number ({value})"
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return f"a TOML date/time ({value.isoformat()})"
+    if isinstance(value, (list, tuple)):
+        return next((r for r in map(not_json, value) if r), None)
+    if isinstance(value, dict):
+        return next((r for r in map(not_json, value.values()) if r), None)
+    return None
+
+
+def json_values(table: dict, where: str, section: str) -> dict[str, Any]:
+    """A table of pass-through values (engine arguments): each must be hashable as canonical JSON."""
+    for key, value in table.items():
+        reason = not_json(value)
+        if reason:  # the engine identity is hashed as canonical JSON; vLLM takes no such values anyway
+            raise fail(where, f"`{section}{key}` holds {reason}", "use a string, a finite number, true/false, a list or a table")
+    return dict(table)
+
+
+def mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"
+
+
+def read_capped(path: Path, limit: int, what: str, fix: str) -> bytes:
+    """The file's bytes; refused before reading (stat) when larger than `limit`, and never more than
+    `limit` bytes read even if the file grows or stat() reports no size (pipes, /proc)."""
+    size = path.stat().st_size
+    if size > limit:
+        raise ConfigError(f"{path}: {what} is {size} bytes ({mib(size)}), over the limit of {limit} bytes "
+                          f"({mib(limit)})", fix=fix)
+    with path.open("rb") as f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise ConfigError(f"{path}: {what} is over the limit of {limit} bytes ({mib(limit)})", fix=fix)
+    return raw
+
+
+def read_toml(path: Path) -> dict:
+    """A TOML configuration file (a suite, a candidates file), every failure a ConfigError naming it."""
+    try:
+        raw = read_capped(path, MAX_SUITE_BYTES, "the suite file",
+                          fix="a suite file is configuration only: keep prompts in the [prompts].file JSONL file "
+                              "and remove anything else that makes it this large")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: suite file not found", fix="pass the path of an existing suite TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read suite file ({exc.strerror})", fix="check the path and its permissions") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 (byte {exc.start})", fix="save the suite file as UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: malformed TOML: {exc}", fix="fix the TOML syntax at the position shown") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: malformed TOML: arrays or inline tables nested too deeply",
+                          fix="flatten the nesting (a suite needs at most a few levels)") from None
+
+
+def evalgate_tables(path: Path) -> tuple[dict, str]:
+    """The evalgate tables of a suite file and the prefix its fields are named with: the whole file, or
+    the `[tool.evalgate]` table of a pyproject.toml (prefix `tool.evalgate.`)."""
+    data = read_toml(path)
+    if path.name != "pyproject.toml":
+        return data, ""
+    tool = data.get("tool", {})
+    data = tool.get("evalgate") if isinstance(tool, dict) else None
+    if data is None:
+        raise ConfigError(f"{path}: no [tool.evalgate] table", fix="add a [tool.evalgate] table (see docs/suite.md)")
+    if not isinstance(data, dict):
+        raise fail(str(path), "`tool.evalgate` must be a table", "write it as [tool.evalgate] with tables below it")
+    return data, "tool.evalgate."

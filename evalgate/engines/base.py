@@ -1,0 +1,117 @@
+"""What every engine kind shares: the `[engine]` table it parses, the interface the runner drives, and
+batch-invariance bookkeeping.
+
+An engine kind is a subclass of `Engine` registered by name (evalgate/engines/__init__.py). It declares
+the `[engine]` keys it reads itself (`own_keys`) and parses them in `parse_config`, cheaply and without
+heavy imports, when the suite file is loaded; the engine itself (vLLM, an HTTP client) is only built by
+`__init__`, inside the supervised engine process (evalgate/worker.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, MutableMapping
+
+from .. import config
+from ..prompts import SCORING_TYPES, Prompt
+from ..records import Completion
+
+if TYPE_CHECKING:
+    pass
+
+# Platforms whose vLLM build ships the batch-invariant kernels; elsewhere VLLM_BATCH_INVARIANT=1 is never set.
+INVARIANCE_PLATFORMS = ("cuda", "rocm", "xpu")
+# [engine] keys every kind reads; the rest of the table is the kind's own (or passed through to vLLM).
+COMMON_KEYS = frozenset({"kind", "model", "tokenizer", "batch_invariant"})
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The parsed `[engine]` table: the Suite fields an engine kind fills in."""
+
+    model: Path | None
+    tokenizer: Path | None
+    batch_invariant: bool
+    engine_args: dict[str, Any] = field(default_factory=dict)  # passed through to the engine as is
+    server: Any = None  # the server kinds' own settings (evalgate/engines/openai_api.py ServerConfig)
+
+
+class Engine:
+    """One engine instance, loaded once per run and reused by every pass."""
+
+    kind: ClassVar[str]
+    own_keys: ClassVar[frozenset[str]] = COMMON_KEYS
+    model_required: ClassVar[bool] = True
+    # Whether `reset_cache` really forgets cached prompt prefixes (a server you run keeps its own cache).
+    can_reset_cache: ClassVar[bool] = False
+    # Whether `[load]` filler traffic can run beside a pass (`under_load`): the server kinds.
+    accepts_load: ClassVar[bool] = False
+
+    launch_env: dict[str, str]  # allow-listed environment the engine started with (fingerprint `env`)
+    tokenizer: Any  # the Hugging Face tokenizer the engine uses (lm-eval requests are tokenized with it)
+
+    @classmethod
+    def parse_config(cls, table: dict, root: Path, where: str, section: str) -> EngineConfig:
+        """The default: evalgate's common keys, every other key passed through to the engine."""
+        return EngineConfig(
+            model=config.model_dir(table, root, where, section, required=cls.model_required),
+            tokenizer=config.tokenizer_dir(table, root, where, section),
+            batch_invariant=config.typed(table, "batch_invariant", bool, where, section, default=True),
+            engine_args=config.json_values({k: v for k, v in table.items() if k not in cls.own_keys}, where, section),
+        )
+
+    def identity(self) -> dict[str, Any]:
+        """The `engine` fingerprint component: everything about the engine that may change outputs."""
+        raise NotImplementedError
+
+    def identity_components(self) -> dict[str, dict]:
+        """Components the engine knows better than the files (a remote server's model): none by default."""
+        return {}
+
+    @property
+    def max_model_len(self) -> int:
+        raise NotImplementedError
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a plain prompt, as the engine will see them."""
+        raise NotImplementedError
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        """A request's prompt ids: a scoring request's are the context of its first window and then every
+        scored token; an lm-eval generation request comes pre-tokenized."""
+        if prompt.request_type in SCORING_TYPES:
+            first_context = list(prompt.segments[0][0]) if prompt.segments else []
+            return first_context + [t for _, continuation in prompt.segments for t in continuation]
+        if prompt.prompt_ids is not None:
+            return list(prompt.prompt_ids)
+        return self.encode(prompt.text)
+
+    def generate(self, prompts: list[Prompt]) -> list[Completion]:
+        """Submit these requests together (one wave: they share the engine's batches)."""
+        raise NotImplementedError
+
+    def reset_cache(self) -> bool:
+        """Forget cached prompt prefixes, so the next submission computes from scratch. Returns whether
+        it could (see `can_reset_cache`)."""
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def arrange_batch_invariance(requested: bool, platform: str, env: MutableMapping[str, str] = os.environ) -> dict:
+    """Set or remove VLLM_BATCH_INVARIANT in `env` (the engine's environment) and say what was done. On
+    platforms without the batch-invariant kernels vLLM crashes when it is set, so it is never set there."""
+    state: dict[str, Any] = {"requested": requested, "in_force": False, "reason": ""}
+    if not requested:
+        env.pop("VLLM_BATCH_INVARIANT", None)
+        state["reason"] = "not requested"
+    elif platform in INVARIANCE_PLATFORMS:
+        env["VLLM_BATCH_INVARIANT"] = "1"
+    else:
+        env.pop("VLLM_BATCH_INVARIANT", None)
+        state["reason"] = (f"not available on this platform ({platform}): vLLM's batch-invariant kernels need "
+                           "CUDA, ROCm or XPU")
+    return state

@@ -1,0 +1,165 @@
+"""`[engine] kind = "fake"`: a test engine. Deterministic outputs without a model runtime.
+
+It exists so that evalgate's own plumbing (the CLI, the supervised worker, the store, verdicts, reports,
+shards, faults after engine start) can be tested end to end in a fraction of a second per run, the way
+inspect_ai's `mockllm` and llm's `MockModel` are used. It proves nothing about a real engine: everything
+only vLLM can show (batch variance, prefix-cache effects, server = offline) is tested on vLLM. It is never
+a default; a suite must name it.
+
+Outputs are a pure function of the model directory's weights hash, the request's prompt token ids and,
+for the keys listed in `fake_vary_with_batch`, the size of the wave the request ran in:
+
+- prompt ids: the model directory's `tokenizer.json` (the `tokenizers` library), else UTF-8 bytes;
+- output token i: SHA-256(weights hash, prompt ids, i) modulo the vocabulary, always `max_tokens` tokens;
+- top-k: the chosen token first, then k-1 other ids, with logprobs -0.05, -1.05, -2.05, ... plus a
+  hash-derived fraction (so bits differ between tokens); the chosen token is top-1;
+- a key in `fake_vary_with_batch` that shares its wave with other requests gets different tokens from the
+  middle of its output on (a batch-size effect, seen as batch variance);
+- `fake_seconds_per_wave` sleeps that long per wave, so a test can interrupt a run mid-pass.
+
+Every other `[engine]` key is recorded in the engine identity (so changing it is an explained `engine`
+change) and otherwise ignored: a suite switches between `fake` and `vllm` by its `kind` alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .. import config
+from ..fingerprint import env_snapshot, model_component
+from ..prompts import SCORING_TYPES, Prompt
+from ..records import Completion
+from .base import COMMON_KEYS, Engine, EngineConfig
+
+if TYPE_CHECKING:
+    from ..suite import Suite
+
+FAKE_KEYS = frozenset({"fake_vary_with_batch", "fake_seconds_per_wave"})
+DEFAULT_MAX_MODEL_LEN = 512
+
+
+class FakeEngine(Engine):
+    kind = "fake"
+    own_keys: ClassVar[frozenset[str]] = COMMON_KEYS | FAKE_KEYS
+    can_reset_cache = True  # it has no cache to forget
+
+    @classmethod
+    def parse_config(cls, table: dict, root: Path, where: str, section: str) -> EngineConfig:
+        vary = config.typed(table, "fake_vary_with_batch", list, where, section, default=[])
+        if not all(isinstance(key, str) for key in vary):
+            raise config.fail(where, f"`{section}fake_vary_with_batch` must list request ids (strings)",
+                              'e.g. fake_vary_with_batch = ["p001"]')
+        delay = config.typed(table, "fake_seconds_per_wave", (int, float), where, section, default=0.0)
+        if not 0 <= delay <= 60:
+            raise config.fail(where, f"`{section}fake_seconds_per_wave` must be between 0 and 60, got {delay}",
+                              "e.g. fake_seconds_per_wave = 0.2")
+        parsed = super().parse_config(table, root, where, section)
+        # the fake keys are identity too: a fake suite that varies differently is another engine
+        args = {**parsed.engine_args, "fake_vary_with_batch": sorted(vary), "fake_seconds_per_wave": float(delay)}
+        return EngineConfig(model=parsed.model, tokenizer=parsed.tokenizer, batch_invariant=parsed.batch_invariant,
+                            engine_args=args)
+
+    def __init__(self, suite: Suite):
+        self.suite = suite
+        self.launch_env = env_snapshot()
+        self.weights = model_component(suite.model)["hash"]
+        self.vary = set(suite.engine_args["fake_vary_with_batch"])
+        self.delay = suite.engine_args["fake_seconds_per_wave"]
+        self._limit = int(suite.engine_args.get("max_model_len", DEFAULT_MAX_MODEL_LEN))
+        tokenizer_dir = suite.tokenizer or suite.model
+        self._tokenizer_file = tokenizer_dir / "tokenizer.json"
+        self._fast = None
+        if self._tokenizer_file.is_file():
+            from tokenizers import Tokenizer
+
+            self._fast = Tokenizer.from_file(str(self._tokenizer_file))
+        self.vocab = _vocab_size(suite.model, self._fast)
+        self._hf_tokenizer = None
+
+    @property
+    def tokenizer(self):
+        """The model directory's Hugging Face tokenizer (lm-eval builds its requests with it)."""
+        if self._hf_tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._hf_tokenizer = AutoTokenizer.from_pretrained(str(self.suite.tokenizer or self.suite.model))
+        return self._hf_tokenizer
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": self.kind, "args": dict(sorted(self.suite.engine_args.items())),
+                "max_model_len": self._limit, "batch_invariance": {
+                    "requested": self.suite.batch_invariant, "in_force": False,
+                    "reason": "the fake test engine has no batch-invariant kernels"}}
+
+    @property
+    def max_model_len(self) -> int:
+        return self._limit
+
+    def encode(self, text: str) -> list[int]:
+        if self._fast is not None:
+            return list(self._fast.encode(text).ids)
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        if self._fast is not None:
+            return self._fast.decode(ids)
+        return bytes(i % 256 for i in ids).decode("utf-8", errors="replace")
+
+    def reset_cache(self) -> bool:
+        return True
+
+    def generate(self, prompts: list[Prompt]) -> list[Completion]:
+        if self.delay:
+            time.sleep(self.delay)
+        return [self._complete(p, crowded=len(prompts) > 1) for p in prompts]
+
+    def _complete(self, prompt: Prompt, *, crowded: bool) -> Completion:
+        prompt_ids = self.tokenize(prompt)
+        k = self.suite.sampling["logprobs"]
+        if prompt.request_type in SCORING_TYPES:  # scored: the continuation tokens themselves
+            ids = [t for _, continuation in prompt.segments for t in continuation]
+            rows = [self._row(prompt_ids, i, k, chosen=t) for i, t in enumerate(ids)]
+            finish = "scored"
+        else:
+            n = int(self.suite.sampling_for(prompt)["max_tokens"])
+            salt = "crowded" if crowded and prompt.key in self.vary else ""
+            rows = [self._row(prompt_ids, i, k, salt=salt if i >= n // 2 else "") for i in range(n)]
+            ids = [row[0][0] for row in rows]
+            finish = "length"
+        texts = [self.decode([t]) for t in ids]
+        return Completion(key=prompt.key, prompt_ids=prompt_ids, output_ids=ids,
+                          logprobs=[row[1][row[0].index(t)] for row, t in zip(rows, ids)],
+                          top_ids=[row[0] for row in rows], top_logprobs=[row[1] for row in rows],
+                          token_texts=texts, text="".join(texts), finish_reason=finish)
+
+    def _row(self, prompt_ids: list[int], position: int, k: int, *, salt: str = "",
+             chosen: int | None = None) -> tuple[list[int], list[float]]:
+        """Top-k ids and logprobs at one position: a pure function of weights, prompt, position (and salt)."""
+        seed = json.dumps([self.weights, prompt_ids, position, salt]).encode()
+        words = list(struct.unpack("<8I", hashlib.sha256(seed).digest()))
+        ids = [chosen if chosen is not None else words[0] % self.vocab]
+        fraction = words[-1] / 2**32 / 100
+        round_ = 0
+        while len(ids) < min(k, self.vocab):
+            if not words:
+                round_ += 1
+                words = list(struct.unpack("<8I", hashlib.sha256(seed + b"%d" % round_).digest()))
+            candidate = words.pop() % self.vocab
+            if candidate not in ids:
+                ids.append(candidate)
+        return ids, [-0.05 - rank - fraction for rank in range(len(ids))]
+
+
+def _vocab_size(model: Path, fast) -> int:
+    try:
+        size = json.loads((model / "config.json").read_text())["vocab_size"]
+        if isinstance(size, int) and size > 1:
+            return size
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return fast.get_vocab_size() if fast is not None else 256

@@ -1,0 +1,128 @@
+"""The prompts file and the requests a suite runs.
+
+A prompts file is JSONL: one `{"id", "prompt", optional "max_tokens", "metadata"}` object per line
+(docs/suite.md). Every mistake is a ConfigError naming the file and line. lm-eval tasks produce the same
+`Prompt` objects (evalgate/lmeval.py), with the scoring fields set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import read_capped
+from .errors import ConfigError
+
+PROMPT_KEYS = {"id", "prompt", "max_tokens", "metadata"}
+# Request types: plain prompts are `generate`; lm-eval produces the other three (evalgate/lmeval.py).
+SCORING_TYPES = ("loglikelihood", "loglikelihood_rolling")
+# The prompts file is read into memory whole (docs/suite.md, "Limits").
+DEFAULT_MAX_PROMPTS_BYTES = 256 << 20  # 256 MiB
+MAX_PROMPTS_ENV = "EVALGATE_MAX_PROMPTS_BYTES"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One request of the suite: a line of the prompts file, or a request lm-eval built from a task."""
+
+    key: str
+    text: str
+    max_tokens: int | None
+    line: int  # 1-based line in the prompts file, for error messages and CI annotations (0 for lm-eval)
+    # The fields below are set for lm-eval requests only (evalgate/lmeval.py).
+    request_type: str = "generate"  # generate | generate_until | loglikelihood | loglikelihood_rolling
+    prompt_ids: tuple[int, ...] | None = None  # pre-tokenized the way lm-eval tokenizes (generate_until)
+    # Scoring requests: (context ids, continuation ids) windows whose continuation tokens are scored.
+    segments: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    continuation: str | None = None  # the scored text (loglikelihood)
+    sampling: dict | None = None  # the task's generation settings, over the suite's [sampling]
+    location: str | None = None  # "task.yaml doc 3", for reports
+
+
+def max_prompts_bytes(path: Path) -> int:
+    """The prompts-file size limit: $EVALGATE_MAX_PROMPTS_BYTES, else 256 MiB."""
+    value = os.environ.get(MAX_PROMPTS_ENV, "").strip()
+    if not value:
+        return DEFAULT_MAX_PROMPTS_BYTES
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise ConfigError(f"{path}: {MAX_PROMPTS_ENV}={value!r} is not a positive number of bytes",
+                          fix=f"set {MAX_PROMPTS_ENV} to a byte count, e.g. {DEFAULT_MAX_PROMPTS_BYTES}, or unset it")
+    return limit
+
+
+def load_prompts(path: Path) -> list[Prompt]:
+    """Read a JSONL prompts file: one {"id", "prompt", optional "max_tokens", "metadata"} object per line."""
+    limit = max_prompts_bytes(path)
+    try:
+        raw = read_capped(path, limit, "the prompts file",
+                           fix=f"split the prompts over several suites, or raise the limit: {MAX_PROMPTS_ENV}=<bytes> "
+                               "(the whole file is read into memory)")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: prompts file not found", fix="set [prompts].file to an existing JSONL file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read prompts file ({exc.strerror})", fix="check the path and its permissions") from None
+    prompts: list[Prompt] = []
+    seen: dict[str, int] = {}
+    for lineno, line in enumerate(raw.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{where}: not UTF-8 (byte {exc.start} of the line)", fix="save the prompts file as UTF-8") from None
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})", fix="write one JSON object per line") from None
+        except ValueError as exc:  # e.g. an integer over Python's 4300-digit conversion limit
+            raise ConfigError(f"{where}: invalid JSON: {exc}", fix="write one JSON object per line") from None
+        except RecursionError:
+            raise ConfigError(f"{where}: invalid JSON: nested too deeply", fix="write one flat JSON object per line") from None
+        if not isinstance(obj, dict):
+            raise ConfigError(f"{where}: expected a JSON object", fix='write {"id": ..., "prompt": ...}')
+        unknown = set(obj) - PROMPT_KEYS
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown field(s) {', '.join(sorted(unknown))}",
+                fix="allowed: id, prompt, max_tokens, metadata (put anything else under `metadata`)",
+            )
+        key = obj.get("id")
+        if isinstance(key, bool) or not isinstance(key, (str, int)) or str(key) == "":
+            raise ConfigError(f"{where}: field `id` must be a non-empty string or integer", fix="give every prompt a unique id")
+        key = str(key)
+        if _has_surrogate(key):
+            raise ConfigError(f"{where}: field `id` contains an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)",
+                              fix="write the character itself, or a complete surrogate pair")
+        if key in seen:
+            raise ConfigError(f"{where}: duplicate id {key!r} (first on line {seen[key]})", fix="make every id unique")
+        seen[key] = lineno
+        prompt = obj.get("prompt")
+        if not isinstance(prompt, str) or prompt == "":
+            raise ConfigError(f"{where}: field `prompt` must be a non-empty string", fix="write the prompt text")
+        if "\x00" in prompt:
+            raise ConfigError(f"{where}: field `prompt` contains a NUL character", fix="remove NUL characters")
+        if _has_surrogate(prompt):  # not encodable as UTF-8: the tokenizer and the database would fail mid-run
+            raise ConfigError(f"{where}: field `prompt` contains an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)",
+                              fix="write the character itself, or a complete surrogate pair")
+        max_tokens = obj.get("max_tokens")
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ConfigError(f"{where}: field `max_tokens` must be a positive integer", fix="fix or remove max_tokens")
+        prompts.append(Prompt(key=key, text=prompt, max_tokens=max_tokens, line=lineno))
+    if not prompts:
+        raise ConfigError(f"{path}: prompts file is empty", fix='add lines like {"id": "p1", "prompt": "Hello"}')
+    return prompts
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
