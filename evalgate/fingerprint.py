@@ -1,4 +1,4 @@
-"""A run's fingerprint: named identity components (**contract**, DESIGN.md section 2, docs/fingerprint.md).
+"""A run's fingerprint: named identity components (**contract**, docs/design.md "Identity", docs/fingerprint.md).
 
 Each component is {"hash": digest(data), "data": data, "info": info}. Only `data` is hashed: it holds what
 may change outputs. `info` is shown to people but never decides a verdict (e.g. the git commit: the whole

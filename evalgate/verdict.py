@@ -1,4 +1,4 @@
-"""Verdicts (**contract**, DESIGN.md section 3): one per request, and the run's exit code from them.
+"""Verdicts (**contract**, docs/design.md "Verdicts"): one per request, and the run's exit code from them.
 
 - batch_variance: the passes of this run disagree. Always a failure.
 - silent_regression: differs from the baseline while every identity component is equal. A failure.

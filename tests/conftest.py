@@ -69,29 +69,46 @@ def cli(cli_env, tmp_path) -> CLI:
     return CLI(cli_env, tmp_path)
 
 
-def _build(preset: str, seed: int, home: Path) -> Path:
-    out = home / "models" / f"{preset}-{seed}"
-    if not (out / "config.json").exists():
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        subprocess.run([sys.executable, "-m", "evalgate", "build-model", str(out), "--preset", preset, "--seed",
-                        str(seed)], check=True, env=env, capture_output=True)
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> Path:
+    """Built models, shared by every test worker of the session (pytest -n): under the session's common
+    temporary root, each built once behind a file lock by whichever worker needs it first."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' basetemps are popen-gwN folders of one root
+    path = root / "shared-models"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def cached_model(models_dir: Path, preset: str, seed: int = 0) -> Path:
+    """`evalgate build-model --preset PRESET --seed SEED`, built once per session (the build is
+    reproducible per seed, so every test may read the same directory; none may write it)."""
+    from filelock import FileLock
+
+    out = models_dir / f"{preset}-{seed}"
+    with FileLock(str(out) + ".lock"):
+        if not (out / "config.json").exists():
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            subprocess.run([sys.executable, "-m", "evalgate", "build-model", str(out), "--preset", preset, "--seed",
+                            str(seed)], check=True, env=env, capture_output=True)
     return out
 
 
 @pytest.fixture(scope="session")
-def tiny_model(evalgate_home) -> Path:
-    return _build("tiny", 0, evalgate_home)
+def tiny_model(models_dir) -> Path:
+    return cached_model(models_dir, "tiny")
 
 
 @pytest.fixture(scope="session")
-def arith_model(evalgate_home) -> Path:
+def arith_model(models_dir) -> Path:
     """The tiny architecture trained on the example lm-eval task's sums (about 80 s to build)."""
-    return _build("arith", 0, evalgate_home)
+    return cached_model(models_dir, "arith")
 
 
 @pytest.fixture(scope="session")
-def small_model(evalgate_home) -> Path:
-    return _build("small", 0, evalgate_home)
+def small_model(models_dir) -> Path:
+    return cached_model(models_dir, "small")
 
 
 # --- the store under test: SQLite and PostgreSQL ------------------------------------------------------------
@@ -188,9 +205,10 @@ def db_tables(url: str) -> set[str]:
 
 def write_suite(directory: Path, model: Path, prompts: list[str] | list[dict], *, dtype: str = "float32",
                 max_tokens: int = 16, concurrency=(1, 4, 16), shuffles: int = 1, extra_engine: str = "",
-                name: str = "test", database: str = SQLITE_IN_SUITE_DIR) -> Path:
+                name: str = "test", database: str = SQLITE_IN_SUITE_DIR, kind: str = "vllm") -> Path:
     """A suite file plus its prompts file in `directory`; the model is referenced by absolute path; the
-    store is `database` (the store_url fixture), by default evalgate.sqlite next to the suite file."""
+    store is `database` (the store_url fixture), by default evalgate.sqlite next to the suite file.
+    `kind = "fake"`: the fake test engine (evalgate/engines/fake.py), for tests of evalgate's own plumbing."""
     directory.mkdir(parents=True, exist_ok=True)
     lines = []
     for i, p in enumerate(prompts):
@@ -204,6 +222,7 @@ database = "{database}"
 code_paths = ["prompts.jsonl"]
 
 [engine]
+kind = "{kind}"
 model = "{model}"
 dtype = "{dtype}"
 max_model_len = 512

@@ -1,4 +1,4 @@
-"""Comparison and verdicts on recorded outputs (DESIGN.md section 3), without any engine."""
+"""Comparison and verdicts on recorded outputs (docs/design.md "Verdicts"), without any engine."""
 
 from __future__ import annotations
 

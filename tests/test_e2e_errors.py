@@ -4,11 +4,12 @@ written. The engine-argument and prompt-length checks use the real vLLM."""
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 
 import pytest
 
-from conftest import write_suite
+from conftest import CLI, write_suite
 
 pytestmark = pytest.mark.e2e
 
@@ -107,3 +108,37 @@ def test_history_commands_do_not_create_a_database(cli, tmp_path):
     proc = cli("runs", "list", "--db", missing, check=2)
     assert "no evalgate database" in proc.stderr and str(missing) in proc.stderr
     assert not missing.exists()
+
+
+def test_engine_argument_value_vllm_refuses_is_a_configuration_error(cli, tmp_path, tiny_model):
+    """vLLM itself refuses the value (the tiny model has 512 positions): exit 2 naming the suite file, the
+    field and vLLM's reason, nothing written; not exit 3 "vLLM failed to start"."""
+    suite = write_suite(tmp_path, tiny_model, ["hello"])
+    suite.write_text(suite.read_text().replace("max_model_len = 512", "max_model_len = 2048"))
+    proc = cli("baseline", "create", suite, check=2)
+    assert str(suite) in proc.stderr and "`engine.max_model_len`" in proc.stderr
+    assert "max_position_embeddings" in proc.stderr and "fix:" in proc.stderr  # vLLM's reason, kept
+    assert "failed to start" not in proc.stderr
+    assert not (tmp_path / "evalgate.sqlite").exists()
+    assert not list((tmp_path / ".evalgate" / "logs").glob("*.log"))  # no log left behind for bad input
+
+
+@pytest.mark.parametrize("module, suite_extra", [
+    ("vllm", ""),
+    ("lm_eval", "\n[lm_eval]\ntasks = [\"arith\"]\ninclude_path = [\"tasks\"]\n"),
+])
+def test_dependency_missing_in_the_engine_process_is_exit_2_with_the_install_fix(cli, tmp_path, tiny_model, module,
+                                                                               suite_extra):
+    """The package is importable nowhere on this path (a stand-in that raises ImportError, first on
+    PYTHONPATH): the error crosses from the engine process and is still exit 2 with the pip command."""
+    shim = tmp_path / "shim" / module
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text(f"raise ImportError('No module named {module}')\n")
+    (tmp_path / "tasks").mkdir()
+    suite = write_suite(tmp_path, tiny_model, ["hello"], kind="fake" if module == "lm_eval" else "vllm")
+    suite.write_text(suite.read_text() + suite_extra)
+    env = dict(cli.env, PYTHONPATH=f"{tmp_path / 'shim'}{os.pathsep}{cli.env.get('PYTHONPATH', '')}")
+    proc = CLI(env, tmp_path)("baseline", "create", suite, check=2)
+    assert "is not installed" in proc.stderr and "pip install" in proc.stderr, proc.stderr
+    assert "TypeError" not in proc.stderr
+    assert not (tmp_path / "evalgate.sqlite").exists()

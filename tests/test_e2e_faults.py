@@ -1,12 +1,18 @@
-"""The fault matrix, each fault injected for real against the real CLI and vLLM CPU engine: a killed
-engine, SIGTERM, two writers on one SQLite file, a full disk, a truncated database. Every one ends with
-a clear message, the contract exit code, no verdict printed, and the previous baseline intact."""
+"""The fault matrix, each fault injected for real against the real CLI: a killed engine, SIGTERM, Ctrl-C,
+a killed evalgate, two writers on one SQLite file, a full disk, a truncated database. Every one ends with
+a clear message, the contract exit code, no verdict printed, and the previous baseline intact.
+
+The engine process is killed with SIGKILL under the real vLLM CPU engine (only a real engine proves that
+supervision); the other faults hit evalgate's own CLI, worker and store, and run on the fake test engine
+(evalgate/engines/fake.py) with slow waves, so each one can land mid-run."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import time
@@ -51,14 +57,27 @@ def engine_child(pid: int) -> int:
     raise AssertionError("engine process not found")
 
 
-@pytest.fixture
-def baselined(cli, tmp_path, tiny_model):
-    """A suite with a complete baseline (run 1), and the database's baseline pointer."""
-    suite = write_suite(tmp_path / "ws", tiny_model, PROMPTS, concurrency=(1,), shuffles=0, max_tokens=24)
+def make_baseline(cli, tmp_path, model, kind: str):
+    """A suite with a complete baseline (run 1); its checks run 48 waves of one request."""
+    extra = "fake_seconds_per_wave = 0.25" if kind == "fake" else ""
+    suite = write_suite(tmp_path / "ws", model, PROMPTS, concurrency=(1,), shuffles=0, max_tokens=24, kind=kind,
+                        extra_engine=extra)
     cli("baseline", "create", suite, "--concurrency", "16", check=0)
     db = tmp_path / "ws" / "evalgate.sqlite"
     assert rows(db, "select suite_name, run_id from baselines") == [("test", 1)]
     return suite, db
+
+
+@pytest.fixture
+def baselined(cli, tmp_path, tiny_model):
+    """A baseline on the fake test engine, and the database's baseline pointer."""
+    return make_baseline(cli, tmp_path, tiny_model, "fake")
+
+
+@pytest.fixture
+def vllm_baselined(cli, tmp_path, tiny_model):
+    """A baseline on the real vLLM CPU engine."""
+    return make_baseline(cli, tmp_path, tiny_model, "vllm")
 
 
 def assert_baseline_intact(cli, suite, db):
@@ -69,8 +88,8 @@ def assert_baseline_intact(cli, suite, db):
     assert '"status": "complete"' in shown.stdout
 
 
-def test_engine_killed_mid_run(cli, baselined):
-    suite, db = baselined
+def test_engine_killed_mid_run(cli, vllm_baselined):
+    suite, db = vllm_baselined
     proc = cli.popen("check", suite)
     wait_for_running_run(db, proc)
     os.kill(engine_child(proc.pid), signal.SIGKILL)
@@ -110,7 +129,8 @@ def test_ctrl_c_reaches_the_whole_process_group(cli, baselined):
 
 
 def test_two_writers_on_one_sqlite_file(cli, tmp_path, tiny_model):
-    suite = write_suite(tmp_path / "ws", tiny_model, PROMPTS[:24], concurrency=(1, 8), shuffles=0)
+    suite = write_suite(tmp_path / "ws", tiny_model, PROMPTS[:24], concurrency=(1, 8), shuffles=0, kind="fake",
+                        extra_engine="fake_seconds_per_wave = 0.05")
     first, second = cli.popen("baseline", "create", suite), cli.popen("baseline", "create", suite)
     results = [p.communicate(timeout=600) for p in (first, second)]
     # WAL + busy timeout + single-statement upserts: both complete, neither is refused
@@ -121,6 +141,56 @@ def test_two_writers_on_one_sqlite_file(cli, tmp_path, tiny_model):
     assert rows(db, "select count(*) from outputs") == [(24 * 2 * 2,)]
     assert rows(db, "select count(*) from fingerprints") == [(1,)]  # the same identity, stored once
     assert len(rows(db, "select run_id from baselines")) == 1
+
+
+def test_killed_evalgate_stops_its_engine_and_marks_the_run(cli, baselined):
+    """SIGKILL to evalgate alone (the OOM killer's choice, say): the engine process gets SIGTERM from the
+    kernel (parent-death signal), marks the run interrupted and exits; no engine is left running."""
+    suite, db = baselined
+    proc = cli.popen("check", suite)
+    wait_for_running_run(db, proc)
+    child = engine_child(proc.pid)
+    proc.kill()
+    proc.communicate(timeout=60)
+    deadline = time.time() + 60
+    while time.time() < deadline and Path(f"/proc/{child}").exists():
+        time.sleep(0.2)
+    assert not Path(f"/proc/{child}").exists(), "the engine process outlived evalgate"
+    assert rows(db, "select status from runs where id = 2") == [("interrupted",)]
+    assert_baseline_intact(cli, suite, db)
+
+
+def test_run_of_a_killed_process_group_is_shown_abandoned(cli, baselined):
+    """SIGKILL to evalgate and its engine at once (a cancelled CI job, a killed container): nobody is left
+    to mark the run, so it stays `running` in the database; `runs list` and `runs show` call it
+    abandoned (its owner process is gone), and it can never become a baseline."""
+    suite, db = baselined
+    proc = cli.popen("check", suite, start_new_session=True)
+    wait_for_running_run(db, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert rows(db, "select status from runs where id = 2") == [("running",)]
+    owner = json.loads(rows(db, "select owner from runs where id = 2")[0][0])
+    assert owner["pid"] == proc.pid and owner["host"] == socket.gethostname()
+    listed = cli("runs", "list", "--suite", suite, check=0)
+    assert "abandoned" in listed.stdout
+    shown = cli("runs", "show", "2", "--suite", suite, "--json", check=0)
+    assert json.loads(shown.stdout)["status"] == "abandoned"
+    refused = cli("baseline", "accept", "2", "--suite", suite, check=2)
+    assert "not complete" in refused.stderr
+    assert_baseline_intact(cli, suite, db)
+
+
+def test_a_live_running_run_is_not_abandoned(cli, baselined):
+    suite, db = baselined
+    proc = cli.popen("check", suite)
+    try:
+        wait_for_running_run(db, proc)
+        shown = cli("runs", "show", "2", "--suite", suite, "--json", check=0)
+        assert json.loads(shown.stdout)["status"] == "running"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
 
 
 @pytest.fixture

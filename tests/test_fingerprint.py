@@ -1,4 +1,4 @@
-"""Fingerprint components (DESIGN.md section 2, docs/fingerprint.md), without any engine."""
+"""Fingerprint components (docs/design.md "Identity", docs/fingerprint.md), without any engine."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Golden tests for the identity hashing contract (DESIGN.md section 2, docs/fingerprint.md).
+"""Golden tests for the identity hashing contract (docs/design.md "Identity", docs/fingerprint.md).
 
 The expected bytes and digests below were computed once and hard-coded: any change to canonical_json or
 digest changes every stored fingerprint, so it must fail here first.
