@@ -3,7 +3,7 @@ VENV ?= .venv
 # torch on 2 cores: one OpenMP thread is much faster and keeps CPU numerics repeatable.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo test test-fast bench
+.PHONY: setup demo test test-fast lint bench
 
 setup:
 	bash scripts/setup.sh
@@ -11,11 +11,17 @@ setup:
 demo: setup
 	$(VENV)/bin/evalgate demo --dir evalgate-demo
 
+# Two workers: each engine runs on one OpenMP thread, so two test workers use both cores of a small machine.
+PYTEST_WORKERS ?= 2
+
 test: setup
-	$(VENV)/bin/python -m pytest -ra
+	$(VENV)/bin/python -m pytest -ra -n $(PYTEST_WORKERS) --durations=25
 
 test-fast: setup
-	$(VENV)/bin/python -m pytest -ra -m "not e2e"
+	$(VENV)/bin/python -m pytest -ra -n $(PYTEST_WORKERS) -m "not e2e"
+
+lint: setup
+	$(VENV)/bin/ruff check .
 
 bench: setup
 	$(VENV)/bin/python benchmarks/check_overhead.py

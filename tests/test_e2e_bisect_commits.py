@@ -1,5 +1,7 @@
-"""`evalgate bisect commits` end to end: a real git repository, real `git bisect run`, the real vLLM CPU
-engine on the tiny local model, through the real CLI.
+"""`evalgate bisect commits` end to end: a real git repository, real `git bisect run`, through the real
+CLI. The culprit is found once on the real vLLM CPU engine (tiny local model); the other behaviours
+(interrupts, bounds, refusals) are evalgate's and git's, and run on the fake test engine
+(evalgate/engines/fake.py), whose outputs change with the prompt text just as a real engine's do.
 
 The repository (`make_repo`): commit c0 holds a suite and its prompts (the database is .gitignored next to
 the suite file), then eight commits c1..c8 of which only c6 changes outputs (one prompt's text, the
@@ -33,13 +35,15 @@ def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProce
     return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=check)
 
 
-def make_repo(repo: Path, model: Path) -> dict[str, str]:
+def make_repo(repo: Path, model: Path, kind: str = "fake") -> dict[str, str]:
     """The repository described above, on branch main; returns {"c0": sha, ..., "c8": sha}."""
     repo.mkdir(parents=True)
     git(repo, "init", "-q", "-b", "main")
     git(repo, "config", "user.name", "Test")
     git(repo, "config", "user.email", "test@example.invalid")
-    write_suite(repo, model, PROMPTS, max_tokens=8, concurrency=(1,), shuffles=0, name="bisect-commits")
+    # the fake engine's slow waves leave time to interrupt a step mid-run
+    write_suite(repo, model, PROMPTS, max_tokens=8, concurrency=(1,), shuffles=0, name="bisect-commits", kind=kind,
+                extra_engine="fake_seconds_per_wave = 0.5" if kind == "fake" else "")
     (repo / ".gitignore").write_text("evalgate.sqlite*\n")
     (repo / "notes.txt").write_text("c0\n")
     shas = {}
@@ -85,7 +89,7 @@ def test_git_first_midpoint_is_the_broken_commit(tmp_path, tiny_model):
 
 def test_bisect_commits_names_the_culprit_and_skips_a_broken_setup(cli, tmp_path, tiny_model):
     repo = tmp_path / "repo"
-    shas = make_repo(repo, tiny_model)
+    shas = make_repo(repo, tiny_model, kind="vllm")
     suite = repo / "evalgate.toml"
     t0 = time.monotonic()
     proc = cli("bisect", "commits", suite, "--good", "HEAD~8", "--bad", "main", "--setup", SETUP,
@@ -237,6 +241,7 @@ def test_refusals_leave_the_repository_untouched(cli, tmp_path, tiny_model):
 
 
 def test_not_a_git_repository(cli, tmp_path, tiny_model):
-    suite = write_suite(tmp_path / "plain", tiny_model, PROMPTS, max_tokens=8, concurrency=(1,), shuffles=0)
+    suite = write_suite(tmp_path / "plain", tiny_model, PROMPTS, max_tokens=8, concurrency=(1,), shuffles=0,
+                        kind="fake")
     proc = cli("bisect", "commits", suite, "--good", "a", "--bad", "b", check=2)
     assert "not inside a git work tree" in proc.stderr

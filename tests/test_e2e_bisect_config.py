@@ -49,7 +49,9 @@ def test_config_bisect_names_the_one_setting_that_changes_outputs(cli_env, tmp_p
 
 
 def test_config_bisect_refuses_runs_without_a_setting_difference(cli, tmp_path, tiny_model):
-    suite = write_suite(tmp_path / "ws", tiny_model, PROMPTS[:2], max_tokens=4, concurrency=(1,), shuffles=0)
+    # a refusal before any trial: evalgate's own checks, on the fake test engine
+    suite = write_suite(tmp_path / "ws", tiny_model, PROMPTS[:2], max_tokens=4, concurrency=(1,), shuffles=0,
+                        kind="fake")
     cli("baseline", "create", suite, check=0)
     proc = cli("bisect", "config", "1", "1", "--db", database_url(suite), check=2)
     assert "differ in no setting that can be toggled" in proc.stderr

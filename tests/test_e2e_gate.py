@@ -4,9 +4,11 @@ Each failure verdict is produced for real here: batch variance and a silent regr
 model (its CPU GEMMs reduce in a different order for 1 row than for many), an explained change by
 swapping the weights at the same path. No engine is mocked.
 
-Every test with a store runs on SQLite and on PostgreSQL (`store_url`, `store_backend`: conftest.py; the
-PostgreSQL runs need EVALGATE_TEST_POSTGRES=1, tests/pg.py). The stored rows are read back through
-SQLAlchemy on either backend; assertions about SQLite's own files run on SQLite only.
+The real-engine tests store to SQLite. Where the backend is what is tested, the same journey runs on
+PostgreSQL too (`store_url`, `store_backend`: conftest.py; EVALGATE_TEST_POSTGRES=1, tests/pg.py) with the
+fake test engine (evalgate/engines/fake.py), whose outputs are deterministic: the store is what differs,
+not the engine. The stored rows are read back through SQLAlchemy on either backend; assertions about
+SQLite's own files run on SQLite only.
 """
 
 from __future__ import annotations
@@ -39,9 +41,17 @@ def assert_sqlite_beside_suite(store_backend: str, suite, db: str) -> None:
         assert sqlite_file(db) == suite.parent / "evalgate.sqlite" and sqlite_file(db).is_file()
 
 
-def test_green_path_create_then_check(cli, tmp_path, tiny_model, store_url, store_backend):
+def test_green_path_create_then_check(cli, tmp_path, tiny_model):
+    green_path(cli, tmp_path, tiny_model, SQLITE_IN_SUITE_DIR, "sqlite", "vllm")
+
+
+def test_green_path_on_each_store_backend(cli, tmp_path, tiny_model, store_url, store_backend):
+    green_path(cli, tmp_path, tiny_model, store_url, store_backend, "fake")
+
+
+def green_path(cli, tmp_path, tiny_model, store_url, store_backend, kind):
     suite = write_suite(tmp_path / "ws", tiny_model, GREEN_PROMPTS, concurrency=(1, 4, 16), shuffles=1,
-                        database=store_url)
+                        database=store_url, kind=kind)
     created = cli("baseline", "create", suite, "--json-report", tmp_path / "create.json", check=0)
     report = read_json(tmp_path / "create.json")
     assert report["counts"]["stable"] == len(GREEN_PROMPTS)
@@ -57,7 +67,8 @@ def test_green_path_create_then_check(cli, tmp_path, tiny_model, store_url, stor
     assert report["requests"] == []
     assert report["batch_invariance"] == {
         "requested": True, "in_force": False,
-        "reason": "not available on this platform (cpu): vLLM's batch-invariant kernels need CUDA, ROCm or XPU",
+        "reason": "not available on this platform (cpu): vLLM's batch-invariant kernels need CUDA, ROCm or XPU"
+        if kind == "vllm" else "the fake test engine has no batch-invariant kernels",
     }
     assert "PASS" in checked.stdout
 
@@ -80,11 +91,10 @@ def test_green_path_create_then_check(cli, tmp_path, tiny_model, store_url, stor
     assert baselines(db) == [("test", 2)]
 
 
-def test_explained_change_after_weight_swap(cli, tmp_path, tiny_model, store_url):
+def test_explained_change_after_weight_swap(cli, tmp_path, tiny_model):
     model = tmp_path / "model"
     shutil.copytree(tiny_model, model)
-    suite = write_suite(tmp_path / "ws", model, GREEN_PROMPTS[:8], concurrency=(1, 8), shuffles=0,
-                        database=store_url)
+    suite = write_suite(tmp_path / "ws", model, GREEN_PROMPTS[:8], concurrency=(1, 8), shuffles=0)
     cli("baseline", "create", suite, check=0)
     # same path, other weights: vLLM's own fingerprint would not notice; evalgate's content hash does
     cli("build-model", model, "--seed", "1", check=0)
@@ -103,18 +113,15 @@ def test_explained_change_after_weight_swap(cli, tmp_path, tiny_model, store_url
 
 
 @pytest.fixture(scope="module")
-def variance_workspace(request, tmp_path_factory, small_model, store_backend):
-    """One workspace (and one database) per backend, shared by the two tests below."""
-    ws = tmp_path_factory.mktemp(f"variance-{store_backend}")
-    database = (SQLITE_IN_SUITE_DIR if store_backend == "sqlite"
-                else request.getfixturevalue("pg_server").create_database(f"variance_{request.module.__name__}"))
+def variance_workspace(tmp_path_factory, small_model):
+    """One workspace (and one database), shared by the two tests below."""
+    ws = tmp_path_factory.mktemp("variance")
     suite = write_suite(ws, small_model, VARIANCE_PROMPTS, dtype="bfloat16", max_tokens=32,
-                        concurrency=(1,), shuffles=0, name="variance", database=database)
+                        concurrency=(1,), shuffles=0, name="variance")
     return ws, suite
 
 
-def test_batch_variance_alone_vs_crowded_fails_and_is_not_promoted(cli, tmp_path, variance_workspace,
-                                                                   store_backend):
+def test_batch_variance_alone_vs_crowded_fails_and_is_not_promoted(cli, tmp_path, variance_workspace):
     ws, suite = variance_workspace
     n = len(VARIANCE_PROMPTS)
     proc = cli("baseline", "create", suite, "--concurrency", f"1,{n}", "--json-report", tmp_path / "r.json")
@@ -131,7 +138,7 @@ def test_batch_variance_alone_vs_crowded_fails_and_is_not_promoted(cli, tmp_path
     assert report["promoted"] is False
     assert "batch_variance" in proc.stdout and "NOT promoted" in proc.stdout
     db = database_url(suite)
-    assert_sqlite_beside_suite(store_backend, suite, db)
+    assert_sqlite_beside_suite("sqlite", suite, db)
     assert baselines(db) == []
     # nothing to check against: exit 4, before any inference
     cli("check", suite, check=4)
@@ -158,7 +165,7 @@ def test_interrupted_run_is_incomplete_and_never_a_baseline(cli, tmp_path, tiny_
 
     prompts = [f"{p} ({i})" for i, p in enumerate(GREEN_PROMPTS * 4)]
     suite = write_suite(tmp_path / "ws", tiny_model, prompts, concurrency=(1,), shuffles=0, max_tokens=32,
-                        database=store_url)
+                        database=store_url, kind="fake", extra_engine="fake_seconds_per_wave = 0.2")
     db = database_url(suite)
     proc = cli.popen("baseline", "create", suite)
     deadline = time.time() + 300

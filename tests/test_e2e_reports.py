@@ -1,5 +1,5 @@
-"""CI reports end to end (docs/ci.md): the real CLI and vLLM CPU engine on the tiny model, as a GitHub
-Actions job would run them. A baseline, then new weights at the same path and `check --strict`: the JUnit
+"""CI reports end to end (docs/ci.md): the real CLI on the fake test engine (the reports render what the
+gate decides; evalgate/engines/fake.py), as a GitHub Actions job would run them. A baseline, then new weights at the same path and `check --strict`: the JUnit
 file, the JSON report, the job summary and the `::error` annotations must agree; then `evalgate report`
 writes the HTML page, which headless Chromium renders with the first divergence highlighted, no console
 error and no network request."""
@@ -75,7 +75,7 @@ def png_size(path: Path) -> tuple[int, int]:
 def test_ci_reports_after_a_weight_swap(cli_env, tmp_path, tiny_model):
     model = tmp_path / "model"
     shutil.copytree(tiny_model, model)
-    suite = write_suite(tmp_path / "ws", model, PROMPTS, concurrency=(1, 4), shuffles=0)
+    suite = write_suite(tmp_path / "ws", model, PROMPTS, concurrency=(1, 4), shuffles=0, kind="fake")
     summary = tmp_path / "step-summary.md"
     summary.write_text("", encoding="utf-8")
     gh = CLI({**cli_env, "GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary),

@@ -1,5 +1,6 @@
 """Sharding end to end: n shard jobs write to one store (SQLite and PostgreSQL), `--merge` joins them,
-and the merged verdict equals the verdict of one unsharded run."""
+and the merged verdict equals the verdict of one unsharded run. Sharding is evalgate's own plumbing
+(selection, store, merge, verdicts): it runs on the fake test engine (evalgate/engines/fake.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def test_two_shards_merge_to_the_unsharded_verdict(cli, tmp_path, tiny_model, st
     model = tmp_path / "model"
     shutil.copytree(tiny_model, model)
     prompts = GREEN_PROMPTS[:12]
-    suite = write_suite(tmp_path / "ws", model, prompts, concurrency=(1, 4), shuffles=0, database=store_url)
+    suite = write_suite(tmp_path / "ws", model, prompts, concurrency=(1, 4), shuffles=0, database=store_url,
+                        kind="fake")
     db = database_url(suite)
 
     # a sharded baseline: neither shard alone is promoted; the merge is

@@ -391,3 +391,34 @@ def test_only_baseline_and_check_runs_can_become_baselines(db_url, suite):
         store.promote(run_id)
     assert store.baseline_for(suite.name, fingerprint()["hardware"]["hash"]) is None
     assert [r.id for r in store.runs(suite.name, kinds=("baseline", "check"))] == []
+
+
+def test_a_running_run_whose_owner_is_gone_is_abandoned(db_url, suite):
+    """The owner is host + pid + start time: a dead pid, a reused pid (other start time) and a live owner;
+    an owner on another host cannot be judged from here and keeps its stored status."""
+    import socket
+    import subprocess
+
+    from evalgate.processes import current_owner
+    from evalgate.store import display_status
+
+    store = Store(db_url)
+    gone = subprocess.Popen(["sleep", "0"])
+    gone.wait()
+    here = socket.gethostname()
+    owners = {
+        "dead": {"host": here, "pid": gone.pid, "started": 1.0},
+        "reused": {**current_owner(), "started": current_owner()["started"] - 3600},
+        "live": current_owner(),
+        "elsewhere": {"host": here + "-other", "pid": 1, "started": 1.0},
+        "none": None,
+    }
+    ids = {name: store.create_run(suite, "check", {}, fingerprint(), PROMPT_IDS, owner=owner)
+           for name, owner in owners.items()}
+    shown = {name: display_status(store.get_run(run_id)) for name, run_id in ids.items()}
+    assert shown == {"dead": "abandoned", "reused": "abandoned", "live": "running", "elsewhere": "running",
+                     "none": "running"}
+    store.finish_run(ids["dead"], status="interrupted", error="x")
+    assert display_status(store.get_run(ids["dead"])) == "interrupted"  # only `running` can be abandoned
+    with pytest.raises(ConfigError, match="not complete"):
+        store.promote(ids["reused"])

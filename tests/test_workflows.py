@@ -86,3 +86,19 @@ def test_action_fails_last_with_the_check_exit_code():
     assert "steps.check.outputs.exit-code" in last["env"]["EVALGATE_CODE"]
     for step in steps[steps.index(check) + 1:]:
         assert "always()" in step.get("if", ""), f"{step.get('name')}: must run even when the check failed"
+
+
+@pytest.mark.parametrize("package, expected", [("", "{action}[gpu]"), ("dist/evalgate_vllm-0.1.0.whl", "dist/evalgate_vllm-0.1.0.whl")])
+def test_action_installs_its_own_checkout_unless_a_package_is_named(tmp_path, package, expected):
+    """No evalgate package is published on the index: by default the action pip-installs the checkout it
+    runs from ($GITHUB_ACTION_PATH) with the chosen extra. Run for real with a stand-in `python`."""
+    script = dict(_action_run_blocks())["Install evalgate"]
+    stub = tmp_path / "bin" / "python"
+    stub.parent.mkdir()
+    stub.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path / "argv"}\n')
+    stub.chmod(0o755)
+    env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "GITHUB_ACTION_PATH": str(ROOT), "EVALGATE_PACKAGE": package,
+           "EVALGATE_EXTRA": "gpu", "EVALGATE_PIP_ARGS": ""}
+    subprocess.run(["bash", "-c", script], env=env, check=True)
+    argv = (tmp_path / "argv").read_text().split("\n")
+    assert argv[:3] == ["-m", "pip", "install"] and argv[-2] == expected.format(action=ROOT)
