@@ -1,8 +1,8 @@
 """CI reports end to end (docs/ci.md): the real CLI on the fake test engine (the reports render what the
-gate decides; evalgate/engines/fake.py), as a GitHub Actions job would run them. A baseline, then new weights at the same path and `check --strict`: the JUnit
-file, the JSON report, the job summary and the `::error` annotations must agree; then `evalgate report`
-writes the HTML page, which headless Chromium renders with the first divergence highlighted, no console
-error and no network request."""
+gate decides; evalgate/engines/fake.py), as a GitHub Actions job would run them. A baseline, then new
+weights at the same path and `check --strict`: the JUnit file, the JSON report, the job summary and the
+`::error` annotations must agree; then `evalgate report` writes the HTML page, which headless Chromium
+renders with the first divergence highlighted, no console error and no network request."""
 
 from __future__ import annotations
 
