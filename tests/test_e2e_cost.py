@@ -16,20 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from conftest import database_url, db_baselines, db_query, db_runs, read_json, write_suite
+from conftest import database_url, db_baselines, db_query, db_runs, read_json, variance_prompts, write_suite
 
 pytestmark = pytest.mark.e2e
 
-# 16 prompts x 16 tokens, alone and all together: every one of them differed in its logprob bits (and most
-# in token ids) on the 52M bf16 model when measured; enough for a reliable negative control, small enough
-# for two engine runs in about a minute on 2 cores.
-PROMPTS = [f"Question {i}: what is the capital of country number {i}? Answer in a sentence about" for i in range(16)]
+# A batch-size effect on the tiny fp32 model, alone vs all 48 together (conftest.variance_prompts: 3 of 48),
+# measured with the prefix cache off: a hot cache would make one-sequence-at-a-time vary too.
+PROMPTS = variance_prompts(48)
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_cost_of_determinism_on_the_small_model(cli, tmp_path, small_model):
-    suite = write_suite(tmp_path / "ws", small_model, PROMPTS, dtype="bfloat16", max_tokens=16,
-                        concurrency=(1, len(PROMPTS)), shuffles=0, name="cost")
+def test_cost_of_determinism(cli, tmp_path, tiny_model):
+    suite = write_suite(tmp_path / "ws", tiny_model, PROMPTS, max_tokens=16, concurrency=(1, len(PROMPTS)), shuffles=0,
+                        name="cost", extra_engine="enable_prefix_caching = false")
     proc = cli("cost", suite, "--json-report", tmp_path / "out" / "cost.json", check=0)
     doc = read_json(tmp_path / "out" / "cost.json")
     assert doc["schema"] == "evalgate.cost/1" and doc["platform"] == "cpu"
@@ -43,7 +42,7 @@ def test_cost_of_determinism_on_the_small_model(cli, tmp_path, small_model):
 
     batched, seq1 = by_name["batched"], by_name["max-num-seqs-1"]
     assert batched["status"] == "measured" and batched["invariant"] is False, (
-        "negative control lost: the 52M bf16 model no longer shows batch variance alone vs crowded on this CPU; "
+        "negative control lost: the tiny fp32 model no longer shows batch variance alone vs crowded on this CPU; "
         f"resize the suite\n{json.dumps(batched, indent=1)}")
     assert batched["differing_requests"] >= 1
     assert seq1["status"] == "measured" and seq1["invariant"] is True and seq1["differing_requests"] == 0
@@ -87,7 +86,8 @@ def test_cost_of_determinism_on_the_small_model(cli, tmp_path, small_model):
 
 
 def test_candidate_env_reaches_only_its_engine_and_bad_args_are_exit_2(cli, tmp_path, tiny_model):
-    suite = write_suite(tmp_path / "ws", tiny_model, PROMPTS[:4], max_tokens=4, concurrency=(1, 4), shuffles=0)
+    suite = write_suite(tmp_path / "ws", tiny_model, ["one", "two", "three", "four"], max_tokens=4, concurrency=(1, 4),
+                        shuffles=0)
     bad = cli("cost", suite, "--no-defaults", "--candidate", "x:max_num_seq=2", check=2)
     assert "candidate 'x' (--candidate): unknown vLLM engine argument `max_num_seq`" in bad.stderr
     assert "max_num_seqs" in bad.stderr

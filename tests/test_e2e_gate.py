@@ -1,8 +1,9 @@
 """The gate end to end, through the real CLI and the real vLLM CPU engine on locally built models.
 
-Each failure verdict is produced for real here: batch variance and a silent regression with the 52M bf16
-model (its CPU GEMMs reduce in a different order for 1 row than for many), an explained change by
-swapping the weights at the same path. No engine is mocked.
+Each failure verdict is produced for real here: batch variance (a hot prefix cache and a crowded batch)
+and a silent regression (every request alone, then all together, each run cold) on the tiny fp32 model
+with long prompts (conftest.variance_prompts says what was measured), an explained change by swapping
+the weights at the same path. The real-engine tests mock nothing.
 
 The real-engine tests store to SQLite. Where the backend is what is tested, the same journey runs on
 PostgreSQL too (`store_url`, `store_backend`: conftest.py; EVALGATE_TEST_POSTGRES=1, tests/pg.py) with the
@@ -21,15 +22,14 @@ import pytest
 from sqlalchemy.exc import SQLAlchemyError
 
 from conftest import (SQLITE_IN_SUITE_DIR, database_url, db_baselines, db_exists, db_query, db_runs, read_json,
-                      sqlite_file, write_suite)
+                      sqlite_file, variance_prompts, write_suite)
 
 pytestmark = pytest.mark.e2e
 
 GREEN_PROMPTS = [f"Prompt number {i}: the quick brown fox and the {w}" for i, w in
                  enumerate(["dog", "cat", "river", "city", "answer", "model", "colour", "number"] * 3)]
-# 40 prompts x 32 tokens on the 52M bf16 model: measured 17 of 50 such prompts differ alone vs batched.
-VARIANCE_PROMPTS = [f"Question {i}: what is the capital of country number {i}? Answer in a sentence about"
-                    for i in range(40)]
+# The negative controls' workload (conftest.variance_prompts: what varies on these CPUs, measured).
+VARIANCE_PROMPTS = variance_prompts()
 
 
 runs, baselines = db_runs, db_baselines  # (id, kind, status, verdict) / (suite_name, run_id) rows, either backend
@@ -113,11 +113,10 @@ def test_explained_change_after_weight_swap(cli, tmp_path, tiny_model):
 
 
 @pytest.fixture(scope="module")
-def variance_workspace(tmp_path_factory, small_model):
+def variance_workspace(tmp_path_factory, tiny_model):
     """One workspace (and one database), shared by the two tests below."""
     ws = tmp_path_factory.mktemp("variance")
-    suite = write_suite(ws, small_model, VARIANCE_PROMPTS, dtype="bfloat16", max_tokens=32,
-                        concurrency=(1,), shuffles=0, name="variance")
+    suite = write_suite(ws, tiny_model, VARIANCE_PROMPTS, max_tokens=16, concurrency=(1,), shuffles=0, name="variance")
     return ws, suite
 
 
@@ -126,8 +125,8 @@ def test_batch_variance_alone_vs_crowded_fails_and_is_not_promoted(cli, tmp_path
     n = len(VARIANCE_PROMPTS)
     proc = cli("baseline", "create", suite, "--concurrency", f"1,{n}", "--json-report", tmp_path / "r.json")
     assert proc.returncode == 1, (
-        "negative control lost: the 52M bf16 model no longer shows batch variance alone vs crowded on this "
-        f"CPU; resize the suite\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        "negative control lost: the tiny fp32 model no longer shows batch variance alone (cold) vs crowded "
+        f"(prefix cache hot) on this CPU; resize the suite\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     report = read_json(tmp_path / "r.json")
     varying = [r for r in report["requests"] if r["verdict"] == "batch_variance"]
     assert len(varying) == report["counts"]["batch_variance"] >= 1

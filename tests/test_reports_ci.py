@@ -348,3 +348,24 @@ def test_terminal_report_suggests_the_bisector_for_each_kind_of_difference():
     console = Console(record=True, width=200)
     render_report(console, report)
     assert "next: evalgate bisect config 3 7" in console.export_text()
+
+
+def test_terminal_report_off_a_terminal_prints_one_line_per_differing_request():
+    """CI logs are not terminals: a table wrapped at 80 columns is unreadable there, so each differing
+    request is one unwrapped line; on a terminal it is a table. Logprobs are shown by what tells them apart."""
+    from rich.console import Console
+
+    from evalgate.reports.terminal import render_report
+
+    plain = Console(file=io.StringIO(), width=80, force_terminal=False)
+    render_report(plain, sample())
+    text = plain.file.getvalue()
+    lines = [line for line in text.splitlines() if line.startswith("  story, 1")]
+    assert lines == ["  story, 1: *bold* | pipe: silent_regression at token 2 (logprob): reference 315 '\\n' "
+                     "lp=-0.078125, current 315 '\\n' lp=-0.078125 (Δ -1e-15) (margin 2.531); nothing changed"]
+    assert "┃" not in text.split("differing requests:")[1]  # no table for the requests
+    assert "-0.078125000000001" not in text  # 16 digits are for JSON, not people
+
+    tty = Console(file=io.StringIO(), width=200, force_terminal=True)
+    render_report(tty, sample())
+    assert "differing requests" in tty.file.getvalue() and "┃" in tty.file.getvalue()
