@@ -11,11 +11,13 @@ setup:
 demo: setup
 	$(VENV)/bin/evalgate demo --dir evalgate-demo
 
-# Two workers: each engine runs on one OpenMP thread, so two test workers use both cores of a small machine.
+# Two workers: each engine runs on one OpenMP thread, so two test workers use both cores of a small machine;
+# worksteal: an idle worker takes queued tests from a busy one (the long end-to-end tests would otherwise
+# leave one worker idle while the other works through its queue).
 PYTEST_WORKERS ?= 2
 
 test: setup
-	$(VENV)/bin/python -m pytest -ra -n $(PYTEST_WORKERS) --durations=25
+	$(VENV)/bin/python -m pytest -ra -n $(PYTEST_WORKERS) --dist worksteal --durations=25
 
 test-fast: setup
 	$(VENV)/bin/python -m pytest -ra -n $(PYTEST_WORKERS) -m "not e2e"

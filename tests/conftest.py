@@ -106,10 +106,6 @@ def arith_model(models_dir) -> Path:
     return cached_model(models_dir, "arith")
 
 
-@pytest.fixture(scope="session")
-def small_model(models_dir) -> Path:
-    return cached_model(models_dir, "small")
-
 
 # --- the store under test: SQLite and PostgreSQL ------------------------------------------------------------
 
