@@ -15,6 +15,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,8 @@ def hardware_component() -> dict:
     cpu_model, flags = _cpuinfo()
     data["cpu"] = cpu_model
     data["isa"] = sorted(f for f in ISA_FLAGS if f in flags)
+    if not may_have_gpus():
+        return component(data, {"cpu_count": os.cpu_count(), "driver": None})
     try:
         import torch
 
@@ -183,6 +186,19 @@ def hardware_component() -> dict:
     except ImportError:
         pass
     return component(data, {"cpu_count": os.cpu_count(), "driver": _nvidia_driver()})
+
+
+# Device nodes through which a CUDA (NVIDIA), ROCm (AMD) or XPU (Intel) GPU is used on Linux.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dri")
+
+
+def may_have_gpus() -> bool:
+    """Whether torch must be asked about GPUs. Importing torch takes seconds, in every evalgate process; on
+    Linux without a GPU device node no GPU can be used, torch would list none, and the component is the
+    same without asking."""
+    if "torch" in sys.modules or not sys.platform.startswith("linux"):
+        return True
+    return any(os.path.exists(node) for node in GPU_DEVICE_NODES)
 
 
 def _cpuinfo() -> tuple[str, set[str]]:

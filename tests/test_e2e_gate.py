@@ -92,9 +92,11 @@ def green_path(cli, tmp_path, tiny_model, store_url, store_backend, kind):
 
 
 def test_explained_change_after_weight_swap(cli, tmp_path, tiny_model):
+    """The weights' content hash is evalgate's (vLLM's own fingerprint would not notice the swap), so the
+    fake test engine, whose outputs follow the weights, shows it as well as vLLM and in a fraction of the time."""
     model = tmp_path / "model"
     shutil.copytree(tiny_model, model)
-    suite = write_suite(tmp_path / "ws", model, GREEN_PROMPTS[:8], concurrency=(1, 8), shuffles=0)
+    suite = write_suite(tmp_path / "ws", model, GREEN_PROMPTS[:8], concurrency=(1, 8), shuffles=0, kind="fake")
     cli("baseline", "create", suite, check=0)
     # same path, other weights: vLLM's own fingerprint would not notice; evalgate's content hash does
     cli("build-model", model, "--seed", "1", check=0)
