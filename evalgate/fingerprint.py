@@ -171,21 +171,22 @@ def hardware_component() -> dict:
     cpu_model, flags = _cpuinfo()
     data["cpu"] = cpu_model
     data["isa"] = sorted(f for f in ISA_FLAGS if f in flags)
-    if not may_have_gpus():
-        return component(data, {"cpu_count": os.cpu_count(), "driver": None})
+    gpus = may_have_gpus()
+    if gpus:
+        data.update(_torch_gpus())
+    return component(data, {"cpu_count": os.cpu_count(), "driver": _nvidia_driver() if gpus else None})
+
+
+def _torch_gpus() -> dict[str, Any]:
     try:
         import torch
-
-        if torch.cuda.is_available():
-            data["gpus"] = [
-                {"name": torch.cuda.get_device_name(i), "capability": list(torch.cuda.get_device_capability(i))}
-                for i in range(torch.cuda.device_count())
-            ]
-            data["cuda"] = torch.version.cuda
-            data["hip"] = getattr(torch.version, "hip", None)
     except ImportError:
-        pass
-    return component(data, {"cpu_count": os.cpu_count(), "driver": _nvidia_driver()})
+        return {}
+    if not torch.cuda.is_available():
+        return {}
+    return {"gpus": [{"name": torch.cuda.get_device_name(i), "capability": list(torch.cuda.get_device_capability(i))}
+                     for i in range(torch.cuda.device_count())],
+            "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None)}
 
 
 # Device nodes through which a CUDA (NVIDIA), ROCm (AMD) or XPU (Intel) GPU is used on Linux.

@@ -39,7 +39,8 @@ def engine_kinds() -> dict[str, str]:
 
 def engine_class(kind: str) -> type[Engine] | None:
     """The class registered for `kind`, or None when no kind of that name is known."""
-    target = engine_kinds().get(kind)
+    # a built-in kind needs no scan of every installed distribution's entry points
+    target = BUILTIN_ENGINES.get(kind) or engine_kinds().get(kind)
     if target is None:
         return None
     module, _, name = target.partition(":")

@@ -23,6 +23,7 @@ change) and otherwise ignored: a suite switches between `fake` and `vllm` by its
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import struct
@@ -61,8 +62,7 @@ class FakeEngine(Engine):
         parsed = super().parse_config(table, root, where, section)
         # the fake keys are identity too: a fake suite that varies differently is another engine
         args = {**parsed.engine_args, "fake_vary_with_batch": sorted(vary), "fake_seconds_per_wave": float(delay)}
-        return EngineConfig(model=parsed.model, tokenizer=parsed.tokenizer, batch_invariant=parsed.batch_invariant,
-                            engine_args=args)
+        return dataclasses.replace(parsed, engine_args=args)
 
     def __init__(self, suite: Suite):
         self.suite = suite
