@@ -6,6 +6,7 @@ import struct
 from dataclasses import asdict, dataclass
 
 from .records import Completion
+from .schedule import Pass
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,22 @@ def _divergence(i, kind, reference, other, at) -> Divergence:
 
 
 @dataclass(frozen=True)
+class PassDifference:
+    """A pass whose output differs from its reference pass's: attributed to the pass's `factor`."""
+
+    reference: Pass
+    other: Pass
+    divergence: Divergence
+
+    @property
+    def factor(self) -> str | None:
+        return self.other.factor
+
+
+@dataclass(frozen=True)
 class PassDisagreement:
-    """A request whose passes within one run disagree (batch variance)."""
+    """A request whose passes within one run disagree (batch variance): the first differing comparison,
+    and every factor under which the request varies."""
 
     reference_pass: int
     reference_concurrency: int
@@ -76,24 +91,45 @@ class PassDisagreement:
     other_concurrency: int
     differing_passes: int
     divergence: Divergence
+    factor: str | None = None
+    differences: tuple[PassDifference, ...] = ()
+
+    @property
+    def factors(self) -> list[str | None]:
+        return list(dict.fromkeys(d.factor for d in self.differences))
 
 
-def within_run(completions: list[Completion]) -> PassDisagreement | None:
-    """Compare every pass of one request with its first pass; report the first disagreeing pass."""
+def pass_differences(completions: list[Completion], passes: list[Pass] | None = None) -> list[PassDifference]:
+    """Compare every pass of one request with its reference pass (schedule.py). Without a recorded plan,
+    every pass is compared with the first, unattributed."""
     if not completions:
-        return None
-    reference = completions[0]
-    first: PassDisagreement | None = None
-    differing = 0
-    for other in completions[1:]:
-        div = first_divergence(reference, other)
-        if div is None:
+        return []
+    by_index = {c.pass_index: c for c in completions}
+    if not passes:
+        first = completions[0].pass_index
+        passes = [Pass(c.pass_index, c.concurrency, 0, None, reference=None if c.pass_index == first else first)
+                  for c in completions]
+    plan = {p.index: p for p in passes}
+    found = []
+    for p in passes:
+        reference, other = by_index.get(p.reference) if p.reference is not None else None, by_index.get(p.index)
+        if reference is None or other is None:
             continue
-        differing += 1
-        if first is None:
-            first = PassDisagreement(reference.pass_index, reference.concurrency, other.pass_index,
-                                     other.concurrency, 0, div)
-    if first is None:
+        divergence = first_divergence(reference, other)
+        if divergence is not None:
+            ref_pass = plan.get(p.reference) or Pass(p.reference, reference.concurrency, 0, None)
+            found.append(PassDifference(ref_pass, p, divergence))
+    return found
+
+
+def within_run(completions: list[Completion], passes: list[Pass] | None = None,
+               factors: tuple[str, ...] | None = None) -> PassDisagreement | None:
+    """The request's batch variance, if any: the first pass (in pass order) that differs from its reference.
+    `factors`: consider only comparisons of these factors (the batch bisector: who shared the batch)."""
+    differences = [d for d in pass_differences(completions, passes) if factors is None or d.factor in factors]
+    if not differences:
         return None
-    return PassDisagreement(first.reference_pass, first.reference_concurrency, first.other_pass,
-                            first.other_concurrency, differing, first.divergence)
+    first = differences[0]
+    return PassDisagreement(first.reference.index, first.reference.concurrency, first.other.index,
+                            first.other.concurrency, len(differences), first.divergence, first.factor,
+                            tuple(differences))

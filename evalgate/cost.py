@@ -74,12 +74,14 @@ class Candidate:
 
 
 def default_candidates() -> list[Candidate]:
-    """The suite's own configuration with batch invariance requested and not, and the known invariance by
-    construction: one sequence at a time (`max_num_seqs=1`)."""
+    """The suite's own configuration with batch invariance requested and not, the known invariance by
+    construction, one sequence at a time (`max_num_seqs=1`), and the remedy for the `prefix_cache` factor:
+    no prefix cache (factors.py REMEDIES)."""
     return [
         Candidate("batch-invariant", batch_invariant=True),
         Candidate("batched", batch_invariant=False),
         Candidate("max-num-seqs-1", engine_args={"max_num_seqs": 1}, batch_invariant=False),
+        Candidate("no-prefix-cache", engine_args={"enable_prefix_caching": False}, batch_invariant=False),
     ]
 
 
@@ -283,9 +285,9 @@ def candidate_suite(suite: Suite, candidate: Candidate) -> Suite:
 
 
 def check_schedule(schedule: Schedule) -> None:
-    from .schedule import plan_passes
+    from .schedule import HOT, plan_passes
 
-    if len(plan_passes(schedule)) < 2:
+    if len([p for p in plan_passes(schedule) if p.cache != HOT]) < 2:  # a hot pass is not timed (level_figures)
         raise ConfigError("the schedule has one pass: invariance cannot be judged, nor a warm-up left out",
                           fix="use at least two passes, e.g. --concurrency 1,16 (docs/cost.md)")
 
@@ -321,6 +323,7 @@ def level_figures(passes: list[dict], wave_tokens: dict[tuple[int, int], int],
     """Per concurrency level: tokens/s (median over its passes) and latency percentiles, without the
     warm-up wave (the first wave of the first pass). A level left with no wave keeps its warm-up wave
     and says so (`includes_warmup`)."""
+    passes = [p for p in passes if p.get("cache") != "hot"]  # served from the cache: not the level's price
     if not passes:
         return []
     first = min(p["index"] for p in passes)
@@ -358,6 +361,16 @@ def level_figures(passes: list[dict], wave_tokens: dict[tuple[int, int], int],
     return out
 
 
+def varying_factors(factors: list[dict]) -> dict[str, int]:
+    """factor -> the most requests that differ under one comparison of it (verdict.factor_summary)."""
+    out: dict[str, int] = {}
+    for f in factors:
+        if f["differing"]:
+            name = f["factor"] or "unattributed"
+            out[name] = max(out.get(name, 0), f["differing"])
+    return out
+
+
 def cost_ratio(invariant_tps: float | None, fastest_tps: float | None) -> float | None:
     """The fastest invariant candidate's output tokens/s over the fastest candidate's (1.0: determinism is
     free here; 0.1: it costs 90% of the throughput)."""
@@ -376,6 +389,7 @@ class CandidateResult:
     invariant: bool = False
     differing_requests: int | None = None
     requests: int | None = None
+    varying: dict[str, int] = field(default_factory=dict)  # factor -> requests that vary under it (factors.py)
     batch_invariance: dict | None = None  # the engine's recorded {requested, in_force, reason}
     platform: str | None = None
     levels: list[dict] = field(default_factory=list)
@@ -392,7 +406,7 @@ class CandidateResult:
             "name": self.candidate.name, "origin": self.candidate.origin, "status": self.status,
             "reason": self.reason, "run_id": self.run_id, "config": self.candidate.config(),
             "batch_invariance": self.batch_invariance, "invariant": self.invariant,
-            "differing_requests": self.differing_requests, "requests": self.requests,
+            "differing_requests": self.differing_requests, "requests": self.requests, "varying": self.varying,
             "tokens_per_second": self.tokens_per_second(highest), "levels": self.levels,
             "peak_rss_bytes": self.peak_rss_bytes, "engine_load_seconds": self.engine_load_seconds,
             "wall_seconds": self.wall_seconds,
@@ -607,7 +621,8 @@ def _measure(suite: Suite, candidate: Candidate, index: int, count: int, schedul
     return CandidateResult(
         candidate, index, status, reason=reason, run_id=run_id,
         invariant=status == "measured" and differing == 0, differing_requests=differing,
-        requests=len(record.requests), batch_invariance=invariance, platform=engine.get("platform"), levels=levels,
+        requests=len(record.requests), varying=varying_factors(judged.factors),
+        batch_invariance=invariance, platform=engine.get("platform"), levels=levels,
         peak_rss_bytes=rss.result(),
         engine_load_seconds=timings.get("engine_load"), wall_seconds=wall,
     )

@@ -44,7 +44,8 @@ def _judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: 
         store.finish_run(
             run_id, status="complete", verdict=report.status, exit_code=int(report.exit_code),
             summary=report.counts, verdicts=[v.to_dict() for v in report.verdicts if v.verdict != "stable"],
-            schedule={**current.run.schedule, "timings": dict(timings)}, baseline_run_id=baseline_run_id,
+            schedule={**current.run.schedule, "timings": dict(timings), "judged": report.judged()},
+            baseline_run_id=baseline_run_id,
             promote=report.promoted,
         )
     except BaseException as exc:

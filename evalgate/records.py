@@ -52,6 +52,9 @@ class Completion:
     concurrency: int = 1
     wave: int = 0
     position: int = 0
+    # Prompt tokens the engine served from its prefix cache (vLLM's num_cached_tokens); None: not reported.
+    # Not part of the digest: it says how the output was computed, not what it is.
+    cached_tokens: int | None = None
     _digest: str | None = field(default=None, repr=False)
 
     @property

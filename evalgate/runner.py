@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import asdict
+import uuid
+from dataclasses import asdict, replace
 from typing import Callable
 
 from .engines import Engine, open_engine
 from .errors import ConfigError, EngineError
 from .fingerprint import build_fingerprint
-from .schedule import Pass, Schedule, plan_passes, waves
+from .schedule import UNKNOWN, Pass, Schedule, plan_passes, waves
 from .store import Store
 from .suite import Suite
 
@@ -133,20 +134,40 @@ def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Sche
     start = time.perf_counter()
     prompt_ids = tokenize_prompts(suite, engine)
     fingerprint = build_fingerprint(suite, engine)
-    passes = plan_passes(schedule)
-    schedule_record = {**asdict(schedule), "passes": [asdict(p) for p in passes]}
+    passes, not_run = plan_for(schedule, engine)
+    # One salt per run: a server that outlives runs (kind `openai`) never serves a cold pass from an earlier run.
+    salt = uuid.uuid4().hex[:16] if engine.salts_cache else None
+    schedule_record = {**asdict(schedule), "passes": [p.to_dict() for p in passes], "not_run": not_run,
+                       "cold_by": "cache_salt" if salt else None}
     store = open_store(url)
     run_id = store.create_run(suite, kind, schedule_record, fingerprint, prompt_ids, **(labels or {}))
     if on_run:
         on_run(run_id)
     timings.add("evalgate", time.perf_counter() - start)
     with incomplete_on_failure(store, run_id):
-        _run_passes(suite, store, engine, run_id, passes, timings, progress, load=schedule.load, cold_waves=cold_waves)
+        _run_passes(suite, store, engine, run_id, passes, timings, progress, load=schedule.load, cold_waves=cold_waves,
+                    salt=salt)
     return run_id
 
 
+def plan_for(schedule: Schedule, engine: Engine) -> tuple[list[Pass], list[dict]]:
+    """The schedule's passes on this engine, and what of it cannot run here (with the reason)."""
+    not_run = []
+    if not engine.salts_cache:
+        # Without salts no pass is provably cold: every cache state is unknown, and a hot pass proves nothing.
+        passes = [replace(p, cache=UNKNOWN) for p in plan_passes(schedule, prefix_caching=False)]
+        if schedule.hot_pass:
+            not_run.append({"pass": "prefix cache hot", "reason": f"the {engine.kind} engine cannot salt its prefix "
+                            "cache, so passes cannot be made cold (cache state unknown)"})
+        return passes, not_run
+    if schedule.hot_pass and engine.prefix_caching is False:
+        not_run.append({"pass": "prefix cache hot", "reason": "the engine has prefix caching off "
+                        "(enable_prefix_caching = false): there is no cache to warm"})
+    return plan_passes(schedule, prefix_caching=engine.prefix_caching), not_run
+
+
 def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes: list[Pass], timings: Timings,
-                progress: Progress | None, load=None, cold_waves: bool = False) -> None:
+                progress: Progress | None, load=None, cold_waves: bool = False, salt: str | None = None) -> None:
     by_key = {p.key: p for p in suite.prompts}
     keys = [p.key for p in suite.prompts]
     total = len(keys) * len(passes)
@@ -161,7 +182,9 @@ def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes:
                 if cold_waves:
                     engine.reset_cache()
                 t0 = time.perf_counter()
-                completions = engine.generate([by_key[k] for k in wave])
+                wave_prompts = [by_key[k] for k in wave]
+                completions = (engine.generate(wave_prompts, cache_salt=f"{salt}-{pass_.salt_of}") if salt
+                               else engine.generate(wave_prompts))
                 wave_seconds.append(time.perf_counter() - t0)
                 timings.add("inference", wave_seconds[-1])
                 if len(completions) != len(wave):
@@ -176,7 +199,7 @@ def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes:
         # Per-pass throughput figures (read by `evalgate cost` and benchmarks/); a wave's time is the latency
         # of each of its requests, since a wave is submitted and returns together.
         timings.setdefault("passes", []).append({
-            "index": pass_.index, "concurrency": pass_.concurrency, "requests": len(pass_outputs),
+            "index": pass_.index, "concurrency": pass_.concurrency, "cache": pass_.cache, "requests": len(pass_outputs),
             "output_tokens": sum(len(c.output_ids) for c in pass_outputs),
             "seconds": sum(wave_seconds), "wave_seconds": wave_seconds, **({"load": load_stats} if loaded else {}),
         })

@@ -1,19 +1,33 @@
-"""Passes: how a run exercises batching. Runtime knobs only, never identity.
+"""Passes: how a run exercises the engine, one factor at a time. Runtime knobs only, never identity.
 
-For each repeat, one pass per concurrency level in the given order; then `shuffles` passes at the highest
-concurrency with a seeded random order, so every request also meets other neighbours. A pass is split
-into waves of `concurrency` requests that are submitted to the engine together, which is what really
-changes batch composition.
+Every pass has a recorded **condition** (batch size, order, prefix-cache state, neighbours) and, except the
+first, a **reference**: the earlier pass it differs from in exactly one factor (evalgate/factors.py). So a
+difference between a pass and its reference names its cause. The default plan:
+
+- pass 0, the reference: the first concurrency level, prompts-file order, cache cold;
+- one `hot` pass: pass 0's condition again with the prefix cache warm from pass 0 (factor `prefix_cache`);
+  left out where the engine has prefix caching off;
+- one pass per further concurrency level, cold, against pass 0 (factor `batch_size`);
+- repeats: every cold pass again, against its first occurrence (factor `repeat`);
+- `shuffles` passes at the highest concurrency in a seeded order, against the given order (factor `order`).
+
+Cold means nothing of the request is cached: each request of a cold pass carries its own cache salt
+(`cache_salt`), which vLLM mixes into its block hashes; a hot pass reuses its reference's salts. A pass is
+split into waves of `concurrency` requests submitted together, which is what really changes batches.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING
+
+from .factors import WORDS
 
 if TYPE_CHECKING:
     from .load import Load
+
+COLD, HOT, UNKNOWN = "cold", "hot", "unknown"
 
 
 @dataclass(frozen=True)
@@ -25,6 +39,7 @@ class Schedule:
     repeats: int = 1
     seed: int = 0
     load: Load | None = None  # [load]: filler traffic for server engines (evalgate/load.py)
+    hot_pass: bool = True  # one pass repeating pass 0 with the prefix cache warm
 
 
 @dataclass(frozen=True)
@@ -33,20 +48,82 @@ class Pass:
     concurrency: int
     repeat: int
     order_seed: int | None  # None: the prompts file's order
+    cache: str = COLD  # cold | hot | unknown (runs recorded before conditions)
+    reference: int | None = None  # the pass this one differs from in `factor` only
+    factor: str | None = None  # None with a reference: unattributed (a run recorded before conditions)
+    salt_of: int | None = None  # whose cache salts the requests carry (a hot pass: its reference's)
+
+    @property
+    def condition(self) -> tuple:
+        """What the pass ran under; equal conditions are comparable across runs (baseline vs check)."""
+        return (self.concurrency, self.order_seed, self.cache)
+
+    @property
+    def condition_label(self) -> str:
+        order = "given order" if self.order_seed is None else f"shuffled (seed {self.order_seed})"
+        return f"concurrency {self.concurrency}, {order}, cache {self.cache}"
 
     @property
     def label(self) -> str:
-        order = "given order" if self.order_seed is None else f"shuffled (seed {self.order_seed})"
-        return f"pass {self.index}: concurrency {self.concurrency}, {order}, repeat {self.repeat}"
+        return f"pass {self.index}: {self.condition_label}, repeat {self.repeat}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
-def plan_passes(schedule: Schedule) -> list[Pass]:
+def comparison_label(reference: Pass, other: Pass) -> str:
+    """`batch size 1→8`: what changed from the reference pass to this one, for people."""
+    if other.factor == "batch_size":
+        return f"batch size {reference.concurrency}→{other.concurrency}"
+    if other.factor == "order":
+        return f"order (seed {other.order_seed}) at batch size {other.concurrency}"
+    if other.factor == "prefix_cache":
+        return f"prefix cache {reference.cache}→{other.cache}"
+    if other.factor == "repeat":
+        return f"repeat of pass {reference.index}"
+    if other.factor is None:
+        return f"pass {reference.index}→{other.index} (unattributed)"
+    return WORDS.get(other.factor, other.factor)
+
+
+def plan_passes(schedule: Schedule, *, prefix_caching: bool | None = True) -> list[Pass]:
+    """The passes of a run. `prefix_caching`: whether the engine caches prefixes (False: no hot pass)."""
     passes: list[Pass] = []
-    for repeat in range(schedule.repeats):
-        for concurrency in schedule.concurrency:
-            passes.append(Pass(len(passes), concurrency, repeat, None))
+
+    def add(concurrency: int, repeat: int, order_seed: int | None = None, **condition) -> Pass:
+        p = Pass(len(passes), concurrency, repeat, order_seed, **condition)
+        if p.salt_of is None:
+            p = replace(p, salt_of=p.index)
+        passes.append(p)
+        return p
+
+    first, *others = schedule.concurrency
+    reference = add(first, 0)
+    if schedule.hot_pass and prefix_caching is not False:
+        add(first, 0, cache=HOT, reference=0, factor="prefix_cache", salt_of=0)
+    cold = [reference] + [add(c, 0, reference=0, factor="batch_size") for c in others]
+    for repeat in range(1, schedule.repeats):
+        for p in cold:
+            add(p.concurrency, repeat, reference=p.index, factor="repeat")
+    top = max(schedule.concurrency)
+    given = next(p for p in cold if p.concurrency == top)
     for i in range(schedule.shuffles):
-        passes.append(Pass(len(passes), max(schedule.concurrency), 0, schedule.seed + i))
+        add(top, 0, schedule.seed + i, reference=given.index, factor="order")
+    return passes
+
+
+def passes_of(schedule_record: dict | None) -> list[Pass]:
+    """The passes of a stored run. A run recorded before conditions (no `cache` field) is read as it ran:
+    pass 0 cold, every later pass compared with pass 0, cache state unknown, factor unattributed."""
+    names = {f.name for f in fields(Pass)}
+    passes = []
+    for raw in (schedule_record or {}).get("passes") or []:
+        if "cache" in raw:
+            passes.append(Pass(**{k: v for k, v in raw.items() if k in names}))
+        else:
+            index = raw["index"]
+            passes.append(Pass(index, raw["concurrency"], raw.get("repeat", 0), raw.get("order_seed"),
+                               cache=COLD if index == 0 else UNKNOWN, reference=None if index == 0 else 0))
     return passes
 
 
@@ -60,10 +137,9 @@ def waves(keys: list[str], pass_: Pass) -> list[list[str]]:
 
 
 def with_overrides(schedule: Schedule, concurrency=None, shuffles=None, repeats=None) -> Schedule:
-    return Schedule(
+    return replace(
+        schedule,
         concurrency=tuple(concurrency) if concurrency else schedule.concurrency,
         shuffles=schedule.shuffles if shuffles is None else shuffles,
         repeats=schedule.repeats if repeats is None else repeats,
-        seed=schedule.seed,
-        load=schedule.load,
     )

@@ -201,7 +201,7 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
 
     sched_t = tables["schedule"]
     sec = f"{prefix}schedule."
-    check_keys(sched_t, {"concurrency", "shuffles", "repeats", "seed"}, where, sec)
+    check_keys(sched_t, {"concurrency", "shuffles", "repeats", "seed", "hot_pass"}, where, sec)
     concurrency = typed(sched_t, "concurrency", list, where, sec, default=[1, 8])
     if not concurrency or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in concurrency):
         raise fail(where, f"`{sec}concurrency` must be a non-empty list of positive integers", "e.g. concurrency = [1, 8, 32]")
@@ -210,6 +210,7 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
         shuffles=typed(sched_t, "shuffles", int, where, sec, default=1),
         repeats=typed(sched_t, "repeats", int, where, sec, default=1),
         seed=typed(sched_t, "seed", int, where, sec, default=0),
+        hot_pass=typed(sched_t, "hot_pass", bool, where, sec, default=True),
     )
     if schedule.shuffles < 0 or schedule.repeats < 1:
         raise fail(where, f"`{sec}shuffles` must be >= 0 and `{sec}repeats` >= 1", "fix the schedule counts")

@@ -11,12 +11,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from .compare import Divergence, first_divergence, within_run
 from .errors import ExitCode
 from .fingerprint import delta as fingerprint_delta
 from .fingerprint import describe_changes
+from .schedule import HOT, UNKNOWN, Pass, comparison_label, passes_of
 from .store import RunRecord
 
 VERDICTS = ("stable", "batch_variance", "silent_regression", "explained_change", "new", "missing")
@@ -34,6 +35,7 @@ class RequestVerdict:
     # For batch_variance: which passes disagree. For baseline differences: None.
     passes: dict | None = None
     components: list[str] = field(default_factory=list)  # what explains an explained_change
+    factor: str | None = None  # batch_variance: the factor of the first differing comparison (factors.py)
 
     def to_dict(self) -> dict:
         return {
@@ -43,6 +45,7 @@ class RequestVerdict:
             "divergence": self.divergence.to_dict() if self.divergence else None,
             "passes": self.passes,
             "components": self.components,
+            "factor": self.factor,
         }
 
 
@@ -63,6 +66,11 @@ class Report:
     metrics: list = field(default_factory=list)
     task_changes: dict = field(default_factory=dict)  # lm-eval task -> what changed in its identity
     engine_log: str | None = None  # the engine process's output (vLLM's own lines), for people
+    # Per comparison of the run (factor_summary): factor, what changed, requests that differ under it
+    factors: list = field(default_factory=list)
+    cache_hits: list = field(default_factory=list)  # per hot pass: requests served from the prefix cache
+    baseline_pairs: list = field(default_factory=list)  # which baseline pass was compared with which pass
+    not_run: list = field(default_factory=list)  # passes or probes the plan asked for that could not run, and why
 
     @property
     def counts(self) -> dict[str, int]:
@@ -99,7 +107,16 @@ class Report:
             "requests": [v.to_dict() for v in self.verdicts if v.verdict != "stable"],
             "metrics": self.metrics,
             "task_changes": self.task_changes,
+            "factors": self.factors,
+            "cache_hits": self.cache_hits,
+            "baseline_pairs": self.baseline_pairs,
+            "not_run": self.not_run,
         }
+
+    def judged(self) -> dict:
+        """What the judgement found about the run's factors, stored with the run (the HTML report reads it)."""
+        return {"factors": self.factors, "cache_hits": self.cache_hits, "baseline_pairs": self.baseline_pairs,
+                "not_run": self.not_run}
 
 
 def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check", strict: bool = False,
@@ -107,14 +124,19 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
     """`in_scope(key)`: whether a baseline key belongs to this run at all (False for other shards' keys,
     which are then not `missing`)."""
     changed = fingerprint_delta(baseline.fingerprint, current.fingerprint) if baseline else []
+    passes = passes_of(current.run.schedule)
+    pairs = matching_passes(passes_of(baseline.run.schedule), passes) if baseline else []
     verdicts: list[RequestVerdict] = []
+    varying: dict[int, list[str]] = {}  # pass index -> keys that differ from that pass's reference
     for key, request in current.requests.items():
         completions = current.outputs.get(key, [])
         location = request.location
-        disagreement = within_run(completions)
+        disagreement = within_run(completions, passes)
         if disagreement is not None:
+            for d in disagreement.differences:
+                varying.setdefault(d.other.index, []).append(key)
             verdicts.append(RequestVerdict(
-                key, "batch_variance", location, disagreement.divergence,
+                key, "batch_variance", location, disagreement.divergence, factor=disagreement.factor,
                 passes={
                     "reference_pass": disagreement.reference_pass,
                     "reference_concurrency": disagreement.reference_concurrency,
@@ -122,6 +144,7 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
                     "other_concurrency": disagreement.other_concurrency,
                     "differing_passes": disagreement.differing_passes,
                     "total_passes": len(completions),
+                    "factors": disagreement.factors,
                 },
             ))
             continue
@@ -129,19 +152,29 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
             verdicts.append(RequestVerdict(key, "stable", location))
             continue
         base_request = baseline.requests.get(key)
-        base_outputs = baseline.outputs.get(key)
+        base_outputs = {c.pass_index: c for c in baseline.outputs.get(key, [])}
         if base_request is None or not base_outputs:
             verdicts.append(RequestVerdict(key, "new", location, components=["suite"]))
             continue
-        divergence = first_divergence(base_outputs[0], completions[0])
-        if divergence is None:
+        outputs = {c.pass_index: c for c in completions}
+        found = None
+        for pair in pairs:  # like with like: the baseline's pass of a condition vs this run's pass of it
+            base, cur = base_outputs.get(pair.baseline_pass), outputs.get(pair.current_pass)
+            divergence = first_divergence(base, cur) if base is not None and cur is not None else None
+            if divergence is not None:
+                found = (pair, divergence)
+                break
+        if found is None:
             verdicts.append(RequestVerdict(key, "stable", location))
             continue
+        pair, divergence = found
         explaining = list(changed)
         if base_request.request_hash != request.request_hash:
             explaining.append("suite")
         verdict = "explained_change" if explaining else "silent_regression"
-        verdicts.append(RequestVerdict(key, verdict, location, divergence, components=explaining))
+        verdicts.append(RequestVerdict(key, verdict, location, divergence, components=explaining,
+                                       passes={"baseline_pass": pair.baseline_pass, "pass": pair.current_pass,
+                                               "condition": pair.condition}))
     if baseline is not None:
         for key, base_request in baseline.requests.items():
             if key not in current.requests and in_scope(key):
@@ -152,4 +185,69 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
         baseline_run_id=baseline.id if baseline else None, verdicts=verdicts, changed_components=changed,
         batch_invariance=engine.get("batch_invariance", {}), strict=strict,
         fingerprint_changes=describe_changes(baseline.fingerprint, current.fingerprint, changed) if baseline else {},
+        factors=factor_summary(passes, varying, len(current.requests)),
+        cache_hits=cache_hits(current, passes),
+        baseline_pairs=[pair.to_dict() for pair in pairs],
+        not_run=list((current.run.schedule or {}).get("not_run") or []),
     )
+
+
+@dataclass(frozen=True)
+class PassPair:
+    """A baseline pass and this run's pass of the same condition."""
+
+    baseline_pass: int
+    current_pass: int
+    condition: str
+    same_condition: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def matching_passes(baseline: list[Pass], current: list[Pass]) -> list[PassPair]:
+    """Each condition this run shares with the baseline, once (the first pass of it on either side). With
+    none in common (different schedules), the two reference passes, marked as different conditions."""
+    pairs, seen = [], set()
+    first_of = {}
+    for p in baseline:
+        first_of.setdefault(p.condition, p)
+    for p in current:
+        base = first_of.get(p.condition)
+        if base is not None and p.condition not in seen and p.cache != UNKNOWN:
+            seen.add(p.condition)
+            pairs.append(PassPair(base.index, p.index, p.condition_label))
+    if not pairs:
+        base_index = baseline[0].index if baseline else 0
+        cur_index = current[0].index if current else 0
+        label = (f"baseline {baseline[0].condition_label} vs {current[0].condition_label}"
+                 if baseline and current else "first pass vs first pass")
+        pairs.append(PassPair(base_index, cur_index, label, same_condition=False))
+    return pairs
+
+
+def factor_summary(passes: list[Pass], varying: dict[int, list[str]], requests: int) -> list[dict]:
+    """One entry per comparison the run made: its factor, what changed, and how many requests differ."""
+    by_index = {p.index: p for p in passes}
+    summary = []
+    for p in passes:
+        if p.reference is None or p.reference not in by_index:
+            continue
+        keys = varying.get(p.index, [])
+        summary.append({"factor": p.factor, "comparison": comparison_label(by_index[p.reference], p),
+                        "reference_pass": p.reference, "pass": p.index, "differing": len(keys),
+                        "requests": requests, "keys": keys[:20]})
+    return summary
+
+
+def cache_hits(record: RunRecord, passes: list[Pass]) -> list[dict]:
+    """For each hot pass: how many requests the engine served from the prefix cache (its count of cached
+    prompt tokens), so `hot` is proven, not assumed. `unknown`: the engine did not say."""
+    out = []
+    for p in passes:
+        if p.cache != HOT:
+            continue
+        counts = [c.cached_tokens for outs in record.outputs.values() for c in outs if c.pass_index == p.index]
+        out.append({"pass": p.index, "hit": sum(1 for n in counts if n), "missed": sum(1 for n in counts if n == 0),
+                    "unknown": sum(1 for n in counts if n is None)})
+    return out

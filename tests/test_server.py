@@ -319,8 +319,9 @@ def test_fake_server_run_records_each_request_once(fake_cli, tmp_path):
     db = f"sqlite:///{tmp_path / 'ws' / 'evalgate.sqlite'}"
     from conftest import db_query
 
+    # pass 1 is the hot pass (the fake server publishes enable_prefix_caching = True)
     assert db_query(db, "select pass_index, count(*), count(distinct request_key) from outputs group by pass_index") == [
-        (0, 6, 6), (1, 6, 6)]
+        (0, 6, 6), (1, 6, 6), (2, 6, 6)]
     schedule = json.loads(db_query(db, "select schedule from runs")[0][0])
     assert schedule["load"]["filler"] == 2  # recorded, never identity
     loaded = [p for p in schedule["timings"]["passes"] if "load" in p]

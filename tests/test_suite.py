@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from evalgate.errors import ConfigError, ExitCode
-from evalgate.schedule import Pass, plan_passes, waves, with_overrides
+from evalgate.schedule import Pass, comparison_label, passes_of, plan_passes, waves, with_overrides
 from evalgate.prompts import load_prompts
 from evalgate.suite import DEFAULT_DATABASE, Schedule, load_suite, resolve_database_url
 
@@ -357,20 +357,48 @@ def test_load_prompts_directly(tmp_path):
 # --- schedule --------------------------------------------------------------------------------------------
 
 
-def test_plan_passes_order():
+def test_plan_passes_changes_one_factor_per_pass():
     passes = plan_passes(Schedule(concurrency=(1, 8), shuffles=2, repeats=2, seed=5))
     assert passes == [
-        Pass(0, 1, 0, None), Pass(1, 8, 0, None), Pass(2, 1, 1, None), Pass(3, 8, 1, None),
-        Pass(4, 8, 0, 5), Pass(5, 8, 0, 6),
+        Pass(0, 1, 0, None, salt_of=0),
+        Pass(1, 1, 0, None, cache="hot", reference=0, factor="prefix_cache", salt_of=0),  # reuses pass 0's salts
+        Pass(2, 8, 0, None, reference=0, factor="batch_size", salt_of=2),
+        Pass(3, 1, 1, None, reference=0, factor="repeat", salt_of=3),
+        Pass(4, 8, 1, None, reference=2, factor="repeat", salt_of=4),
+        Pass(5, 8, 0, 5, reference=2, factor="order", salt_of=5),
+        Pass(6, 8, 0, 6, reference=2, factor="order", salt_of=6),
     ]
-    assert passes[4].label == "pass 4: concurrency 8, shuffled (seed 5), repeat 0"
-    assert passes[0].label == "pass 0: concurrency 1, given order, repeat 0"
+    assert passes[5].label == "pass 5: concurrency 8, shuffled (seed 5), cache cold, repeat 0"
+    assert passes[1].label == "pass 1: concurrency 1, given order, cache hot, repeat 0"
+    # every pass but the first differs from its reference in its factor alone
+    by_index = {p.index: p for p in passes}
+    for p in passes[1:]:
+        ref = by_index[p.reference]
+        changed = {name for name, a, b in (("batch_size", ref.concurrency, p.concurrency),
+                                           ("order", ref.order_seed, p.order_seed),
+                                           ("prefix_cache", ref.cache, p.cache)) if a != b}
+        assert changed == ({p.factor} if p.factor != "repeat" else set()), p
+    assert comparison_label(by_index[0], by_index[2]) == "batch size 1→8"
+    assert comparison_label(by_index[0], by_index[1]) == "prefix cache cold→hot"
 
 
 def test_plan_passes_shuffles_at_highest_concurrency_and_none():
-    assert [p.concurrency for p in plan_passes(Schedule(concurrency=(16, 2), shuffles=1))] == [16, 2, 16]
+    assert [p.concurrency for p in plan_passes(Schedule(concurrency=(16, 2), shuffles=1))] == [16, 16, 2, 16]
+    assert plan_passes(Schedule(concurrency=(16, 2), shuffles=1))[-1].reference == 0
     assert all(p.order_seed is None for p in plan_passes(Schedule(concurrency=(1, 4), shuffles=0, repeats=3)))
-    assert len(plan_passes(Schedule(concurrency=(1, 4), shuffles=0, repeats=3))) == 6
+    assert len(plan_passes(Schedule(concurrency=(1, 4), shuffles=0, repeats=3))) == 7
+    # no hot pass where the engine has no prefix cache, or where the schedule turns it off
+    assert [p.cache for p in plan_passes(Schedule(concurrency=(1, 4)), prefix_caching=False)] == ["cold"] * 3
+    assert [p.cache for p in plan_passes(Schedule(concurrency=(1, 4), hot_pass=False))] == ["cold"] * 3
+
+
+def test_passes_of_a_run_recorded_before_conditions():
+    old = {"passes": [{"index": 0, "concurrency": 1, "repeat": 0, "order_seed": None},
+                      {"index": 1, "concurrency": 8, "repeat": 0, "order_seed": None}]}
+    assert passes_of(old) == [Pass(0, 1, 0, None, cache="cold"), Pass(1, 8, 0, None, cache="unknown", reference=0)]
+    new = plan_passes(Schedule())
+    assert passes_of({"passes": [p.to_dict() for p in new]}) == new
+    assert passes_of(None) == [] and passes_of({}) == []
 
 
 def test_waves_sizes_and_given_order():
@@ -398,6 +426,7 @@ def test_with_overrides():
     s = Schedule(concurrency=(1, 8), shuffles=1, repeats=1, seed=3)
     assert with_overrides(s) == s
     assert with_overrides(s, concurrency=[2, 4], shuffles=0, repeats=2) == Schedule((2, 4), 0, 2, 3)
+    assert with_overrides(Schedule(hot_pass=False), repeats=2).hot_pass is False
 
 
 def test_integer_and_float_spellings_of_a_float_parameter_hash_alike(tmp_path):

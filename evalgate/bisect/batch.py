@@ -42,7 +42,9 @@ from typing import Any
 
 from ..compare import Divergence, first_divergence, within_run
 from ..errors import ConfigError
+from ..factors import BATCH_FACTORS, REMEDIES, words
 from ..records import Completion
+from ..schedule import passes_of
 from ..store import Store
 from .ddmin import BudgetExhausted, ddmin, naive_trials
 from .repro import ReproBatch, check_request, criterion_of, prompt_of, wave_of, write_repro
@@ -158,13 +160,22 @@ def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro
     record = store.load(run_id)
     check_request(record, key)
     completions = record.outputs[key]
-    disagreement = within_run(completions)
+    passes = passes_of(record.run.schedule)
+    disagreement = within_run(completions, passes)
     if disagreement is None:
         raise ConfigError(f"request {key!r} shows no batch variance in run {run_id}: its {len(completions)} pass(es) agree",
                           fix="pick a request whose verdict is batch_variance (`evalgate runs show "
                               f"{run_id}`), or use `evalgate repro` for a change against the baseline")
-    reference = completions[0]
-    flipping = [c for c in completions[1:] if first_divergence(reference, c) is not None and len(wave_of(record, key, c.pass_index)) > 1]
+    batch_differences = [d for d in disagreement.differences if d.factor in BATCH_FACTORS or d.factor is None]
+    if not batch_differences:
+        factors = ", ".join(words(f) for f in disagreement.factors)
+        raise ConfigError(f"request {key!r} of run {run_id} varies under {factors}, not with who shares its batch: "
+                          "the batch bisector cannot take that apart",
+                          fix="; ".join(f"{words(f)}: {REMEDIES[f]}" for f in disagreement.factors if f in REMEDIES))
+    by_pass = {c.pass_index: c for c in completions}
+    reference = completions[0]  # the first pass: alone at the first concurrency level, cold
+    flipping = [by_pass[d.other.index] for d in batch_differences if len(wave_of(record, key, d.other.index)) > 1
+                and first_divergence(reference, by_pass[d.other.index]) is not None]
     if not flipping:
         raise ConfigError(f"request {key!r} of run {run_id} differs only between passes in which it ran alone: that is "
                           "not batch composition", fix="use `evalgate repro` to reproduce it")

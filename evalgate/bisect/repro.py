@@ -31,9 +31,11 @@ from pathlib import Path
 
 from ..compare import Divergence, first_divergence, within_run
 from ..errors import ConfigError
+from ..factors import BATCH_FACTORS, words
 from ..fingerprint import ENV_IGNORED, ENV_PREFIXES, REDACTED
 from ..fingerprint import delta as fingerprint_delta
 from ..records import Completion, unpack_ids
+from ..schedule import passes_of
 from ..store import RunRecord, Store
 from ..prompts import SCORING_TYPES, Prompt
 
@@ -125,7 +127,7 @@ class ReproPack:
 def default_batches(store: Store, record: RunRecord, key: str) -> tuple[str, str, list[ReproBatch], Divergence, list[str]]:
     """(kind, mode, batches, divergence, notes) for a request's recorded divergence."""
     completions = record.outputs[key]
-    disagreement = within_run(completions)
+    disagreement = within_run(completions, passes_of(record.run.schedule))
     if disagreement is not None:
         ref_pass, other_pass = disagreement.reference_pass, disagreement.other_pass
         ref = next(c for c in completions if c.pass_index == ref_pass)
@@ -136,7 +138,11 @@ def default_batches(store: Store, record: RunRecord, key: str) -> tuple[str, str
             label = "alone" if len(wave) == 1 else f"{role}: crowded"
             batches.append(ReproBatch(label, [w.key for w in wave], c,
                                       f"run {record.id}, pass {c.pass_index} (concurrency {c.concurrency}), wave {c.wave}"))
-        return "batch_variance", "pair", batches, disagreement.divergence, []
+        notes = []
+        if disagreement.factor not in BATCH_FACTORS + ("repeat", None):
+            notes.append(f"the recorded difference is attributed to {words(disagreement.factor)}; this pack replays "
+                         "the two batches, each in a fresh engine, so it shows batch effects only")
+        return "batch_variance", "pair", batches, disagreement.divergence, notes
     baseline_id = record.run.baseline_run_id
     if baseline_id is None:
         raise ConfigError(f"request {key!r} of run {record.id} shows no divergence: its passes agree and the run was "

@@ -62,7 +62,7 @@ def run_trial(suite: Suite, url: str, keys: list[str] | None, *, concurrency: in
     from ..worker import run_in_worker
 
     timings = Timings()
-    run_id = run_in_worker(suite, url, kind=RUN_KIND, schedule=Schedule(concurrency=(concurrency,), shuffles=0, repeats=1),
+    run_id = run_in_worker(suite, url, kind=RUN_KIND, schedule=Schedule(concurrency=(concurrency,), shuffles=0, repeats=1, hot_pass=False),
                            timings=timings, progress=progress, env=env, keys=tuple(keys) if keys is not None else None)
     store = _store(url)
     record = store.load(run_id)

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from .. import cost as cost_lib
+from ..factors import words
 from ..schedule import with_overrides
 from ..suite import find_suite, load_suite
 from .common import console, err_console, handled, parse_levels
@@ -85,7 +86,9 @@ def render(report: cost_lib.CostReport) -> None:
     table.add_column("run", justify="right")
     for r in report.results:
         if r.status == "measured":
-            invariant = ("yes" if r.invariant else f"no: {r.differing_requests}/{r.requests} differ")
+            by_factor = ", ".join(f"{words(f)} {n}" for f, n in r.varying.items())
+            invariant = ("yes" if r.invariant else f"no: {r.differing_requests}/{r.requests} differ"
+                         + (f" ({by_factor})" if by_factor else ""))
         elif r.status == "unavailable":
             invariant = "no (unavailable)"
         else:

@@ -12,14 +12,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, MutableMapping
+from typing import Any, ClassVar, MutableMapping
 
 from .. import config
 from ..prompts import SCORING_TYPES, Prompt
 from ..records import Completion
-
-if TYPE_CHECKING:
-    pass
 
 # Platforms whose vLLM build ships the batch-invariant kernels; elsewhere VLLM_BATCH_INVARIANT=1 is never set.
 INVARIANCE_PLATFORMS = ("cuda", "rocm", "xpu")
@@ -48,6 +45,9 @@ class Engine:
     can_reset_cache: ClassVar[bool] = False
     # Whether `[load]` filler traffic can run beside a pass (`under_load`): the server kinds.
     accepts_load: ClassVar[bool] = False
+    # Whether `generate` honours `cache_salt` (vLLM's per-request prefix-cache namespace): what makes a pass
+    # cold (schedule.py). An engine without it records every pass's cache state as `unknown`.
+    salts_cache: ClassVar[bool] = False
 
     launch_env: dict[str, str]  # allow-listed environment the engine started with (fingerprint `env`)
     tokenizer: Any  # the Hugging Face tokenizer the engine uses (lm-eval requests are tokenized with it)
@@ -88,8 +88,15 @@ class Engine:
             return list(prompt.prompt_ids)
         return self.encode(prompt.text)
 
-    def generate(self, prompts: list[Prompt]) -> list[Completion]:
-        """Submit these requests together (one wave: they share the engine's batches)."""
+    @property
+    def prefix_caching(self) -> bool | None:
+        """Whether the engine caches prompt prefixes (None: it does not say). False: no hot pass."""
+        return None
+
+    def generate(self, prompts: list[Prompt], cache_salt: str | None = None) -> list[Completion]:
+        """Submit these requests together (one wave: they share the engine's batches). `cache_salt`: each
+        request gets its own prefix-cache namespace, `request_salt(cache_salt, key)` (engines that `salts_cache`),
+        so it reuses only blocks that the same request computed under the same salt."""
         raise NotImplementedError
 
     def reset_cache(self) -> bool:
@@ -99,6 +106,11 @@ class Engine:
 
     def close(self) -> None:
         pass
+
+
+def request_salt(cache_salt: str, key: str) -> str:
+    """One request's cache salt: vLLM mixes it into the hashes of the request's blocks."""
+    return f"{cache_salt}/{key}"
 
 
 def arrange_batch_invariance(requested: bool, platform: str, env: MutableMapping[str, str] = os.environ) -> dict:

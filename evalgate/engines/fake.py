@@ -15,6 +15,10 @@ for the keys listed in `fake_vary_with_batch`, the size of the wave the request 
   hash-derived fraction (so bits differ between tokens); the chosen token is top-1;
 - a key in `fake_vary_with_batch` that shares its wave with other requests gets different tokens from the
   middle of its output on (a batch-size effect, seen as batch variance);
+- a prefix cache at request granularity, as vLLM's behaves under cache salts: a request is served from
+  the cache (`cached_tokens` = its prompt length) when the same request already ran under the same salt
+  (or unsalted) since the last reset; a key in `fake_vary_with_cache` served from the cache gets different
+  tokens from the middle of its output on (a prefix-cache effect);
 - `fake_seconds_per_wave` sleeps that long per wave, so a test can interrupt a run mid-pass.
 
 Every other `[engine]` key is recorded in the engine identity (so changing it is an explained `engine`
@@ -40,28 +44,31 @@ from .base import COMMON_KEYS, Engine, EngineConfig
 if TYPE_CHECKING:
     from ..suite import Suite
 
-FAKE_KEYS = frozenset({"fake_vary_with_batch", "fake_seconds_per_wave"})
+FAKE_KEYS = frozenset({"fake_vary_with_batch", "fake_vary_with_cache", "fake_seconds_per_wave"})
 DEFAULT_MAX_MODEL_LEN = 512
 
 
 class FakeEngine(Engine):
     kind = "fake"
     own_keys: ClassVar[frozenset[str]] = COMMON_KEYS | FAKE_KEYS
-    can_reset_cache = True  # it has no cache to forget
+    can_reset_cache = True
+    salts_cache = True
 
     @classmethod
     def parse_config(cls, table: dict, root: Path, where: str, section: str) -> EngineConfig:
-        vary = config.typed(table, "fake_vary_with_batch", list, where, section, default=[])
-        if not all(isinstance(key, str) for key in vary):
-            raise config.fail(where, f"`{section}fake_vary_with_batch` must list request ids (strings)",
-                              'e.g. fake_vary_with_batch = ["p001"]')
+        lists = {}
+        for name in ("fake_vary_with_batch", "fake_vary_with_cache"):
+            keys = config.typed(table, name, list, where, section, default=[])
+            if not all(isinstance(key, str) for key in keys):
+                raise config.fail(where, f"`{section}{name}` must list request ids (strings)", f'e.g. {name} = ["p001"]')
+            lists[name] = sorted(keys)
         delay = config.typed(table, "fake_seconds_per_wave", (int, float), where, section, default=0.0)
         if not 0 <= delay <= 60:
             raise config.fail(where, f"`{section}fake_seconds_per_wave` must be between 0 and 60, got {delay}",
                               "e.g. fake_seconds_per_wave = 0.2")
         parsed = super().parse_config(table, root, where, section)
         # the fake keys are identity too: a fake suite that varies differently is another engine
-        args = {**parsed.engine_args, "fake_vary_with_batch": sorted(vary), "fake_seconds_per_wave": float(delay)}
+        args = {**parsed.engine_args, **lists, "fake_seconds_per_wave": float(delay)}
         return dataclasses.replace(parsed, engine_args=args)
 
     def __init__(self, suite: Suite):
@@ -69,6 +76,8 @@ class FakeEngine(Engine):
         self.launch_env = env_snapshot()
         self.weights = model_component(suite.model)["hash"]
         self.vary = set(suite.engine_args["fake_vary_with_batch"])
+        self.vary_cached = set(suite.engine_args.get("fake_vary_with_cache", []))
+        self._cache: set[tuple[str | None, str]] = set()  # (salt, request key) served since the last reset
         self.delay = suite.engine_args["fake_seconds_per_wave"]
         self._limit = int(suite.engine_args.get("max_model_len", DEFAULT_MAX_MODEL_LEN))
         tokenizer_dir = suite.tokenizer or suite.model
@@ -110,15 +119,22 @@ class FakeEngine(Engine):
             return self._fast.decode(ids)
         return bytes(i % 256 for i in ids).decode("utf-8", errors="replace")
 
-    def reset_cache(self) -> bool:
+    @property
+    def prefix_caching(self) -> bool:
         return True
 
-    def generate(self, prompts: list[Prompt]) -> list[Completion]:
+    def reset_cache(self) -> bool:
+        self._cache.clear()
+        return True
+
+    def generate(self, prompts: list[Prompt], cache_salt: str | None = None) -> list[Completion]:
         if self.delay:
             time.sleep(self.delay)
-        return [self._complete(p, crowded=len(prompts) > 1) for p in prompts]
+        hits = [(cache_salt, p.key) in self._cache for p in prompts]
+        self._cache.update((cache_salt, p.key) for p in prompts)
+        return [self._complete(p, crowded=len(prompts) > 1, cached=hit) for p, hit in zip(prompts, hits)]
 
-    def _complete(self, prompt: Prompt, *, crowded: bool) -> Completion:
+    def _complete(self, prompt: Prompt, *, crowded: bool, cached: bool) -> Completion:
         prompt_ids = self.tokenize(prompt)
         k = self.suite.sampling["logprobs"]
         if prompt.request_type in SCORING_TYPES:  # scored: the continuation tokens themselves
@@ -128,6 +144,7 @@ class FakeEngine(Engine):
         else:
             n = int(self.suite.sampling_for(prompt)["max_tokens"])
             salt = "crowded" if crowded and prompt.key in self.vary else ""
+            salt += "cached" if cached and prompt.key in self.vary_cached else ""
             rows = [self._row(prompt_ids, i, k, salt=salt if i >= n // 2 else "") for i in range(n)]
             ids = [row[0][0] for row in rows]
             finish = "length"
@@ -135,7 +152,8 @@ class FakeEngine(Engine):
         return Completion(key=prompt.key, prompt_ids=prompt_ids, output_ids=ids,
                           logprobs=[row[1][row[0].index(t)] for row, t in zip(rows, ids)],
                           top_ids=[row[0] for row in rows], top_logprobs=[row[1] for row in rows],
-                          token_texts=texts, text="".join(texts), finish_reason=finish)
+                          token_texts=texts, text="".join(texts), finish_reason=finish,
+                          cached_tokens=len(prompt_ids) if cached else 0)
 
     def _row(self, prompt_ids: list[int], position: int, k: int, *, salt: str = "",
              chosen: int | None = None) -> tuple[list[int], list[float]]:

@@ -31,7 +31,7 @@ from ..fingerprint import component
 from ..hashing import digest
 from ..prompts import SCORING_TYPES, Prompt
 from ..records import Completion
-from .base import COMMON_KEYS, Engine, EngineConfig
+from .base import COMMON_KEYS, Engine, EngineConfig, request_salt
 
 if TYPE_CHECKING:
     from ..suite import Suite
@@ -272,6 +272,7 @@ class OpenAIEngine(Engine):
     kind = "openai"
     own_keys = OPENAI_KEYS
     accepts_load = True
+    salts_cache = True  # vLLM's OpenAI server takes `cache_salt` in the request body
 
     @classmethod
     def parse_config(cls, table: dict, root, where: str, section: str) -> EngineConfig:
@@ -414,13 +415,19 @@ class OpenAIEngine(Engine):
             raise EngineError(f"tokenizing {config.short(text, 60)} on the server failed: {exc.reason}") from None
         return list(out["tokens"])
 
-    def generate(self, prompts: list[Prompt]) -> list[Completion]:
+    @property
+    def prefix_caching(self) -> bool | None:
+        """From the server's `vllm:cache_config_info` metric, when it publishes one."""
+        value = self.info.cache_config.get("enable_prefix_caching")
+        return None if value is None else value.lower() == "true"
+
+    def generate(self, prompts: list[Prompt], cache_salt: str | None = None) -> list[Completion]:
         """Send every request of the wave at once (one HTTP request each; a scoring request, one per
         window) and return when all are answered."""
-        return self.loop.run(self._generate(prompts))
+        return self.loop.run(self._generate(prompts, cache_salt))
 
-    async def _generate(self, prompts: list[Prompt]) -> list[Completion]:
-        results = await asyncio.gather(*(self._request(p) for p in prompts), return_exceptions=True)
+    async def _generate(self, prompts: list[Prompt], cache_salt: str | None) -> list[Completion]:
+        results = await asyncio.gather(*(self._request(p, cache_salt) for p in prompts), return_exceptions=True)
         failed = [(p, r) for p, r in zip(prompts, results) if isinstance(r, BaseException)]
         if failed:
             for _, error in failed:
@@ -456,20 +463,21 @@ class OpenAIEngine(Engine):
                                   "sending requests elsewhere)")
         return response
 
-    async def _request(self, prompt: Prompt) -> Completion:
+    async def _request(self, prompt: Prompt, cache_salt: str | None = None) -> Completion:
         sampling = self.suite.sampling_for(prompt)
         k = self.suite.sampling["logprobs"]
+        salt = {"cache_salt": request_salt(cache_salt, prompt.key)} if cache_salt else {}
         if prompt.request_type in SCORING_TYPES:
             windows = await asyncio.gather(*(
                 self._completion({"prompt": list(context) + list(continuation), "max_tokens": 1, "temperature": 0.0,
-                                  "prompt_logprobs": k}, prompt.key)
+                                  "prompt_logprobs": k, **salt}, prompt.key)
                 for context, continuation in prompt.segments))
             t0 = time.perf_counter()
             try:
                 return _scored(prompt, windows, k)
             finally:
                 self.client.stats.client_seconds += time.perf_counter() - t0
-        body = dict(sampling)
+        body = {**sampling, **salt}
         body["prompt"] = list(prompt.prompt_ids) if prompt.prompt_ids is not None else prompt.text
         body["return_tokens_as_token_ids"] = True  # top-k keyed by id: decoded texts can collide
         response = await self._completion(body, prompt.key)
@@ -605,8 +613,15 @@ def _completion(prompt: Prompt, response: dict, k: int) -> Completion:
     return Completion(
         key=prompt.key, prompt_ids=[int(t) for t in choice.get("prompt_token_ids") or []], output_ids=ids,
         logprobs=logprobs, top_ids=top_ids, top_logprobs=top_lps, token_texts=[], text=choice.get("text") or "",
-        finish_reason=str(choice.get("finish_reason")),
+        finish_reason=str(choice.get("finish_reason")), cached_tokens=cached_tokens([response]),
     )
+
+
+def cached_tokens(responses: list[dict]) -> int | None:
+    """`usage.prompt_tokens_details.cached_tokens`, summed: a vLLM server reports it when started with
+    --enable-prompt-tokens-details (the vllm-server kind starts it so); None when any response lacks it."""
+    counts = [((r.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens") for r in responses]
+    return None if not counts or any(n is None for n in counts) else sum(int(n) for n in counts)
 
 
 def _scored(prompt: Prompt, windows: list[dict], k: int) -> Completion:
@@ -630,4 +645,5 @@ def _scored(prompt: Prompt, windows: list[dict], k: int) -> Completion:
         key=prompt.key, prompt_ids=[int(t) for t in first.get("prompt_token_ids") or []], output_ids=ids,
         logprobs=logprobs, top_ids=top_ids, top_logprobs=top_lps, token_texts=[],
         text=prompt.continuation if prompt.continuation is not None else "", finish_reason="scored",
+        cached_tokens=cached_tokens(windows),
     )

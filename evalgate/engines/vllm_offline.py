@@ -16,7 +16,7 @@ from ..errors import ConfigError, EngineError, MissingDependency
 from ..fingerprint import env_snapshot
 from ..prompts import SCORING_TYPES, Prompt
 from ..records import Completion
-from .base import INVARIANCE_PLATFORMS, Engine, arrange_batch_invariance
+from .base import INVARIANCE_PLATFORMS, Engine, arrange_batch_invariance, request_salt
 
 if TYPE_CHECKING:
     from ..suite import Suite
@@ -71,6 +71,7 @@ def check_engine_args(suite: Suite) -> None:
 class VllmOfflineEngine(Engine):
     kind = "vllm"
     can_reset_cache = True
+    salts_cache = True
 
     def __init__(self, suite: Suite):
         self.suite = suite
@@ -131,7 +132,11 @@ class VllmOfflineEngine(Engine):
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
 
-    def generate(self, prompts: list[Prompt]) -> list[Completion]:
+    @property
+    def prefix_caching(self) -> bool:
+        return bool(self.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching)
+
+    def generate(self, prompts: list[Prompt], cache_salt: str | None = None) -> list[Completion]:
         """Submit these requests together (one wave: they share the engine's batches). A scoring request
         (lm-eval loglikelihood) is one engine request per window, all in the same submission."""
         from vllm import SamplingParams
@@ -139,13 +144,15 @@ class VllmOfflineEngine(Engine):
         inputs, params, owner = [], [], []
         for i, p in enumerate(prompts):
             sampling = SamplingParams(**self.suite.sampling_for(p))
+            salt = {"cache_salt": request_salt(cache_salt, p.key)} if cache_salt else {}
             if p.request_type in SCORING_TYPES:
                 for context, continuation in p.segments:
-                    inputs.append({"prompt_token_ids": list(context) + list(continuation)})
+                    inputs.append({"prompt_token_ids": list(context) + list(continuation), **salt})
                     params.append(sampling)
                     owner.append(i)
             else:
-                inputs.append({"prompt_token_ids": list(p.prompt_ids)} if p.prompt_ids is not None else p.text)
+                inputs.append({"prompt_token_ids": list(p.prompt_ids)} if p.prompt_ids is not None else {"prompt": p.text})
+                inputs[-1].update(salt)
                 params.append(sampling)
                 owner.append(i)
         try:
@@ -238,7 +245,7 @@ def _scored(prompt: Prompt, request_outputs: list, k: int, tokenizer) -> Complet
         output_ids=ids, logprobs=logprobs, top_ids=top_ids, top_logprobs=top_lps,
         token_texts=[tokenizer.decode([t]) for t in ids],
         text=prompt.continuation if prompt.continuation is not None else tokenizer.decode(ids),
-        finish_reason="scored",
+        finish_reason="scored", cached_tokens=_cached(request_outputs),
     )
 
 
@@ -266,4 +273,11 @@ def _completion(prompt: Prompt, request_output, k: int) -> Completion:
         token_texts=texts,
         text=out.text,
         finish_reason=str(out.finish_reason),
+        cached_tokens=_cached([request_output]),
     )
+
+
+def _cached(request_outputs: list) -> int | None:
+    """Prompt tokens vLLM served from its prefix cache, summed over a request's engine requests."""
+    counts = [getattr(out, "num_cached_tokens", None) for out in request_outputs]
+    return None if not counts or any(n is None for n in counts) else sum(counts)

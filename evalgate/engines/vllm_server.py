@@ -229,7 +229,10 @@ class VllmServerEngine(OpenAIEngine):
         if key:
             env["VLLM_API_KEY"] = key  # the server reads it from its environment: never on a command line
         self.args = args
-        self.server = ServerProcess(suite.model, args, tokenizer=suite.tokenizer, env=env,
+        # Prompt-token details: each response says how many prompt tokens came from the prefix cache. A
+        # reporting flag, not an output-changing one: not in the identity's args.
+        launch_args = {"enable_prompt_tokens_details": True, **args}
+        self.server = ServerProcess(suite.model, launch_args, tokenizer=suite.tokenizer, env=env,
                                     startup_timeout=suite.server.startup_timeout, where=f"{suite.path}: [engine]")
         self.server.start()
         # What the server process started with (allow-listed, secrets redacted): the `env` component.
@@ -260,9 +263,9 @@ class VllmServerEngine(OpenAIEngine):
                          "args": {k: v for k, v in sorted(self.args.items())}})
         return identity
 
-    def generate(self, prompts):
+    def generate(self, prompts, cache_salt=None):
         try:
-            return super().generate(prompts)
+            return super().generate(prompts, cache_salt)
         except EngineError as exc:
             if not self.server.alive():
                 self.server.failed = True

@@ -4,6 +4,7 @@ a margin and the reason for a difference are spelled, so the same request reads 
 from __future__ import annotations
 
 from ..compare import Divergence
+from ..factors import BATCH_FACTORS, REMEDIES, words
 from ..verdict import FAILURES, STRICT_FAILURES, RequestVerdict
 
 STACK_NAMES = "model, tokenizer, engine, code, hardware, env"
@@ -37,8 +38,10 @@ def why(v: RequestVerdict) -> str:
     """What makes this request differ: the disagreeing passes, the components that changed, or nothing."""
     if v.verdict == "batch_variance" and v.passes:
         p = v.passes
-        return (f"pass {p['reference_pass']} (c={p['reference_concurrency']}) vs pass {p['other_pass']} "
-                f"(c={p['other_concurrency']}); {p['differing_passes']}/{p['total_passes'] - 1} passes differ")
+        also = [words(f) for f in p.get("factors") or [] if f != v.factor]
+        return (f"{words(v.factor)}: pass {p['reference_pass']} (c={p['reference_concurrency']}) vs pass "
+                f"{p['other_pass']} (c={p['other_concurrency']}); {p['differing_passes']}/{p['total_passes'] - 1} "
+                "comparisons differ" + (f"; also varies under {', '.join(also)}" if also else ""))
     if v.components:
         return ", ".join(v.components)
     return "nothing changed" if v.verdict == "silent_regression" else ""
@@ -83,8 +86,45 @@ def verdict_from_dict(data: dict) -> RequestVerdict:
     return RequestVerdict(
         key=data["key"], verdict=data["verdict"], location=data.get("location"),
         divergence=Divergence(**{k: v for k, v in div.items() if k in fields}) if div else None,
-        passes=data.get("passes"), components=list(data.get("components") or []),
+        passes=data.get("passes"), components=list(data.get("components") or []), factor=data.get("factor"),
     )
+
+
+def factor_lines(factors: list[dict], cache_hits: list[dict] = (), not_run: list[dict] = ()) -> list[str]:
+    """`invariant under: batch size 1→8, order ...` / `varies under: prefix cache cold→hot (8 requests)`, the
+    settings that remove each varying factor, whether the hot passes really hit the cache, and what the
+    plan asked for that could not run (verdict.Report.factors, .cache_hits, .not_run)."""
+    lines = []
+    invariant = [f["comparison"] for f in factors if not f["differing"]]
+    varying = [f for f in factors if f["differing"]]
+    if invariant:
+        lines.append("invariant under: " + ", ".join(invariant))
+    if varying:
+        lines.append("varies under: " + ", ".join(
+            f"{f['comparison']} ({f['differing']} request{'s' if f['differing'] != 1 else ''})" for f in varying))
+        for factor in dict.fromkeys(f["factor"] for f in varying):
+            if factor in REMEDIES:
+                lines.append(f"  {words(factor)}: removed by {REMEDIES[factor]}")
+    for hits in cache_hits:
+        total = hits["hit"] + hits["missed"] + hits["unknown"]
+        if hits["unknown"] == total:
+            lines.append(f"hot pass {hits['pass']}: the engine did not report cached prompt tokens (hits unproven)")
+        elif hits["missed"]:
+            verb = "was" if hits["missed"] == 1 else "were"
+            lines.append(f"hot pass {hits['pass']}: {hits['hit']} of {total} requests were served from the prefix "
+                         f"cache; {hits['missed']} {verb} not (a prompt shorter than one cache block is never "
+                         "cached), so for those the hot pass is a repeat")
+        else:
+            lines.append(f"hot pass {hits['pass']}: all {total} requests were served from the prefix cache")
+    for item in not_run:
+        lines.append(f"not run: {item['pass']}: {item['reason']}")
+    return lines
+
+
+def batch_bisectable(v: RequestVerdict) -> bool:
+    """Whether the batch bisector can take this variance apart: it varies with who shares its batch (or the
+    run predates conditions, so no one knows)."""
+    return v.factor in BATCH_FACTORS or v.factor is None
 
 
 def split_location(location: str | None) -> tuple[str | None, int | None]:
@@ -113,11 +153,19 @@ def failure_text(v: RequestVerdict, fingerprint_changes: dict | None = None) -> 
         ]
     if v.verdict == "batch_variance" and v.passes:
         p = v.passes
+        lines.append(f"factor: {v.factor or 'unattributed'} ({words(v.factor)})")
         lines.append(f"passes: pass {p['reference_pass']} (concurrency {p['reference_concurrency']}) vs pass "
                      f"{p['other_pass']} (concurrency {p['other_concurrency']}); {p['differing_passes']} of "
-                     f"{p['total_passes'] - 1} other passes differ from pass {p['reference_pass']}")
+                     f"{p['total_passes'] - 1} comparisons differ")
+        if len(p.get("factors") or []) > 1:
+            lines.append(f"varies under: {', '.join(str(f) for f in p['factors'])}")
+        if v.factor in REMEDIES:
+            lines.append(f"removed by: {REMEDIES[v.factor]}")
     elif v.verdict == "silent_regression":
         lines.append("changed components: none (model, tokenizer, engine, code, hardware, env are all unchanged)")
+    if v.verdict in ("silent_regression", "explained_change") and v.passes and v.passes.get("condition"):
+        lines.append(f"compared: baseline pass {v.passes['baseline_pass']} vs pass {v.passes['pass']} "
+                     f"({v.passes['condition']})")
     elif v.verdict == "new":
         lines.append("only in this run: no baseline output to compare")
     elif v.verdict == "missing":

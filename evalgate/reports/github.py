@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, TextIO
 
 from ..verdict import VERDICTS, Report, RequestVerdict
-from .explain import (STACK_NAMES, divergence_tokens, invariance, is_failure, margin_text, one_line,
+from .explain import (STACK_NAMES, divergence_tokens, factor_lines, invariance, is_failure, margin_text, one_line,
                       split_location, why)
 
 MAX_SUMMARY_ROWS = 20
@@ -138,6 +138,9 @@ def step_summary(report: Report, fingerprint_changes: Mapping[str, str] | None =
         fails = counts[name] and is_failure(name, report.strict)
         lines.append(f"| {'**' + name + '**' if fails else name} | {counts[name]} |")
     lines.append("")
+    factors = factor_lines(report.factors, report.cache_hits, report.not_run)
+    if factors:
+        lines += [f"- {md_text(line.strip())}" for line in factors] + [""]
 
     differing = _ordered_differences(report)
     if differing:

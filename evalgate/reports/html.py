@@ -19,7 +19,7 @@ from ..fingerprint import delta, describe_changes
 from ..records import Completion
 from ..store import display_status
 from ..verdict import FAILURES, VERDICTS, RequestVerdict
-from .explain import STACK_NAMES, invariance, margin_text, one_line, token_label, verdict_from_dict, why
+from .explain import STACK_NAMES, factor_lines, invariance, margin_text, one_line, token_label, verdict_from_dict, why
 
 MAX_REQUESTS = 500  # token diffs rendered; the rest are listed by key only
 MAX_PROMPT_CHARS = 4000
@@ -102,6 +102,7 @@ class ReportPage:
     requests: list[RequestDiff] = field(default_factory=list)
     baseline_missing: bool = False  # the run names a baseline run that could not be loaded
     metrics: list[dict] = field(default_factory=list)  # lm-eval metrics vs the baseline (evalgate/scores.py)
+    judged: dict = field(default_factory=dict)  # the run's factors, cache hits, what did not run (verdict.Report.judged)
 
 
 def e(value) -> str:
@@ -215,6 +216,13 @@ def render_html(page: ReportPage) -> str:
     if page.error:
         out.append(f'<p class="warn">error: {e(page.error)}</p>')
     out.append(_invariance(page.batch_invariance))
+    judged = page.judged or {}
+    factors = factor_lines(judged.get("factors") or [], judged.get("cache_hits") or [], judged.get("not_run") or [])
+    if factors:
+        out.append("<h2>Factors</h2>")
+        warn = ("varies", "  ", "not run")
+        out.append('<ul class="factors">' + "".join(
+            f"<li{' class=warn' if line.startswith(warn) else ''}>{e(line.strip())}</li>" for line in factors) + "</ul>")
 
     out.append("<h2>Verdicts</h2>")
     if page.counts:
@@ -327,9 +335,10 @@ def build_page(store, run_id: int) -> ReportPage:
             ref = _pass(current, v.passes.get("reference_pass"))
             cur = _pass(current, v.passes.get("other_pass"))
             sides = (Side(_describe(ref, run.id, "reference"), ref), Side(_describe(cur, run.id, "disagreeing pass"), cur))
-        else:
-            ref = base[0] if base else None
-            cur = current[0] if current else None
+        else:  # the baseline's pass of the condition that differs (verdict.matching_passes), else the first
+            pair = v.passes or {}
+            ref = _pass(base, pair.get("baseline_pass")) if pair else (base[0] if base else None)
+            cur = _pass(current, pair.get("pass")) if pair else (current[0] if current else None)
             sides = (Side(_describe(ref, run.baseline_run_id, "baseline"), ref),
                      Side(_describe(cur, run.id, "this run"), cur))
         requests.append(RequestDiff(v, request.prompt if request is not None else None, *sides))
@@ -341,7 +350,7 @@ def build_page(store, run_id: int) -> ReportPage:
         finished_at=_when(run.finished_at), baseline_run_id=run.baseline_run_id,
         batch_invariance=engine.get("batch_invariance", {}) if isinstance(engine, dict) else {},
         counts=run.summary, changed_components=changed, fingerprint_changes=changes, requests=requests,
-        baseline_missing=baseline_missing,
+        baseline_missing=baseline_missing, judged=(run.schedule or {}).get("judged") or {},
         metrics=compare_scores(store, run.id, baseline.id if baseline else None,
                                {r.verdict.key: r.verdict.verdict for r in requests}),
     )

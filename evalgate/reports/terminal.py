@@ -9,8 +9,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from ..factors import REMEDIES, words
 from ..verdict import FAILURES, Report
-from .explain import divergence_tokens, margin_text, one_line, why
+from .explain import batch_bisectable, divergence_tokens, factor_lines, margin_text, one_line, why
 
 STYLE = {
     "stable": "green", "batch_variance": "bold red", "silent_regression": "bold red",
@@ -43,6 +44,12 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
         if n or name in ("stable",) + FAILURES:
             counts.add_row(Text(name, style=STYLE[name] if n else ""), str(n))
     console.print(counts)
+    for line in factor_lines(report.factors, report.cache_hits, report.not_run):
+        console.print(escape(line), style="yellow" if line.startswith(("varies", "  ", "not run")) else "", soft_wrap=True)
+    for pair in report.baseline_pairs:
+        if not pair.get("same_condition", True):
+            console.print(escape(f"no pass condition in common with the baseline: compared {pair['condition']}"),
+                          style="yellow", soft_wrap=True)
 
     differing = [v for v in report.verdicts if v.verdict != "stable"]
     if differing and not console.is_terminal:  # CI logs: a table wrapped at 80 columns is unreadable
@@ -80,8 +87,9 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
         if report.promoted:
             console.print(f"run {report.run_id} is now the baseline for suite {report.suite_name!r} on this hardware")
         else:
+            fixes = "; ".join(f"{words(f)}: {REMEDIES[f]}" for f in _varying(report) if f in REMEDIES)
             console.print(f"[red]run {report.run_id} was NOT promoted to baseline[/]: its passes disagree. "
-                          "Fix the variance (batch invariance, max_num_seqs=1) or pass --allow-variance.")
+                          + escape(f"Fix the variance ({fixes or 'batch invariance, max_num_seqs=1'}) or pass --allow-variance."))
 
 
 def next_steps(report: Report) -> list[str]:
@@ -90,9 +98,19 @@ def next_steps(report: Report) -> list[str]:
     for v in report.verdicts:
         first.setdefault(v.verdict, v.key)
     steps = []
-    if "batch_variance" in first:
-        steps.append(f"next: evalgate bisect batch {report.run_id} {shlex.quote(first['batch_variance'])}   "
+    variance = [v for v in report.verdicts if v.verdict == "batch_variance"]
+    bisectable = next((v for v in variance if batch_bisectable(v)), None)
+    if bisectable is not None:
+        steps.append(f"next: evalgate bisect batch {report.run_id} {shlex.quote(bisectable.key)}   "
                      "(which neighbours flip it)")
+    for factor in _varying(report):
+        if factor == "prefix_cache":
+            steps.append("next: evalgate cost <suite>   (the price of each fix; candidate no-prefix-cache turns the "
+                         "prefix cache off)")
+        elif factor == "repeat":
+            key = next(v.key for v in variance if "repeat" in (v.passes or {}).get("factors", []))
+            steps.append(f"next: evalgate repro {report.run_id} {shlex.quote(key)} -o repro/   (it varies under the "
+                         "same condition: nondeterminism)")
     if "silent_regression" in first:
         steps.append(f"next: evalgate repro {report.run_id} {shlex.quote(first['silent_regression'])} -o repro/   "
                      "(a plain vLLM script that shows it)")
@@ -103,6 +121,11 @@ def next_steps(report: Report) -> list[str]:
         if "code" in report.changed_components:
             steps.append("next: evalgate bisect commits --good <baseline commit> --bad HEAD   (which commit)")
     return steps
+
+
+def _varying(report: Report) -> list[str]:
+    """The factors under which some request varies, in the order the run compared them."""
+    return list(dict.fromkeys(f["factor"] for f in report.factors if f["differing"] and f["factor"]))
 
 
 MAX_MOVED = 10

@@ -94,6 +94,8 @@ class Output(Base):
     text: Mapped[str] = mapped_column(NulSafeText)
     finish_reason: Mapped[str] = mapped_column(String(40))
     digest: Mapped[str] = mapped_column(String(64))
+    # prompt tokens the engine served from its prefix cache; null: the engine did not say (or before 0008)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
 
 
 class Verdict(Base):

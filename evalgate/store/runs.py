@@ -94,6 +94,7 @@ class RunStore(StoreBase):
                     wave=c.wave, position=c.position, output_ids=pack_ids(c.output_ids),
                     logprobs=pack_floats(c.logprobs), top_k=k, top_ids=top_ids, top_logprobs=top_lps,
                     token_texts=c.token_texts, text=c.text, finish_reason=c.finish_reason, digest=c.digest,
+                    cached_tokens=c.cached_tokens,
                 ))
 
         self.write(write)
@@ -196,6 +197,6 @@ class RunStore(StoreBase):
                     output_ids=unpack_ids(o.output_ids), logprobs=unpack_floats(o.logprobs), top_ids=top_ids,
                     top_logprobs=top_lps, token_texts=list(o.token_texts), text=o.text,
                     finish_reason=o.finish_reason, pass_index=o.pass_index, concurrency=o.concurrency,
-                    wave=o.wave, position=o.position, _digest=o.digest,
+                    wave=o.wave, position=o.position, cached_tokens=o.cached_tokens, _digest=o.digest,
                 ))
         return RunRecord(run=run, fingerprint=fp.components if fp else {}, requests=requests, outputs=dict(outputs))
