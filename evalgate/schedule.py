@@ -40,6 +40,9 @@ class Schedule:
     seed: int = 0
     load: Load | None = None  # [load]: filler traffic for server engines (evalgate/load.py)
     hot_pass: bool = True  # one pass repeating pass 0 with the prefix cache warm
+    probes: tuple[str, ...] = ()  # targeted passes (evalgate/probes.py)
+    needle_batch: int = 64  # the needle probe: fillers per wave
+    needle_filler_tokens: int = 0  # the needle probe: tokens per filler; 0: half of max_model_len, at most 2048
 
 
 @dataclass(frozen=True)
@@ -52,16 +55,18 @@ class Pass:
     reference: int | None = None  # the pass this one differs from in `factor` only
     factor: str | None = None  # None with a reference: unattributed (a run recorded before conditions)
     salt_of: int | None = None  # whose cache salts the requests carry (a hot pass: its reference's)
+    probe: str | None = None  # the probe that added this pass (evalgate/probes.py)
 
     @property
     def condition(self) -> tuple:
         """What the pass ran under; equal conditions are comparable across runs (baseline vs check)."""
-        return (self.concurrency, self.order_seed, self.cache)
+        return (self.concurrency, self.order_seed, self.cache, self.probe)
 
     @property
     def condition_label(self) -> str:
         order = "given order" if self.order_seed is None else f"shuffled (seed {self.order_seed})"
-        return f"concurrency {self.concurrency}, {order}, cache {self.cache}"
+        probe = f", probe {self.probe}" if self.probe else ""
+        return f"concurrency {self.concurrency}, {order}, cache {self.cache}{probe}"
 
     @property
     def label(self) -> str:
@@ -73,6 +78,14 @@ class Pass:
 
 def comparison_label(reference: Pass, other: Pass) -> str:
     """`batch size 1→8`: what changed from the reference pass to this one, for people."""
+    if other.probe == "needle":
+        return f"neighbours: alone→among {other.concurrency - 1} long fillers (needle)"
+    if other.probe == "prefix_cache":
+        return "prefix cache cold→half the prompt cached (prefix_cache probe)"
+    if other.probe == "prefill_decode":
+        return "prefill vs decode: the output re-scored by one prefill"
+    if other.probe == "batch_edges":
+        return f"batch size {reference.concurrency}→{other.concurrency} (batch edge)"
     if other.factor == "batch_size":
         return f"batch size {reference.concurrency}→{other.concurrency}"
     if other.factor == "order":

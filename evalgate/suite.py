@@ -120,6 +120,23 @@ def find_suite(path: str | Path | None = None) -> Path:
                       fix="pass the suite file: evalgate check path/to/suite.toml")
 
 
+def parse_probes(value, where: str, sec: str) -> tuple[str, ...]:
+    """`probes = ["needle", "prefill_decode"]` or a preset name (`probes = "vllm"`): evalgate/probes.py."""
+    from .probes import PRESETS, PROBES
+
+    if isinstance(value, str) and value in PRESETS:
+        return PRESETS[value]
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise fail(where, f"`{sec}probes` must be a list of probe names or a preset",
+                   f'e.g. probes = ["needle", "prefill_decode"] or probes = "vllm"; probes: {", ".join(PROBES)}')
+    for name in names:
+        if name not in PROBES:
+            raise fail(where, f"`{sec}probes`: unknown probe {name!r}",
+                       f"use one of {', '.join(PROBES)}, or the preset \"vllm\" (all of them)")
+    return tuple(dict.fromkeys(names))
+
+
 def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     """Load and validate a suite file; `database` (e.g. --db) overrides the file's database URL, relative to the cwd."""
     try:
@@ -201,7 +218,8 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
 
     sched_t = tables["schedule"]
     sec = f"{prefix}schedule."
-    check_keys(sched_t, {"concurrency", "shuffles", "repeats", "seed", "hot_pass"}, where, sec)
+    check_keys(sched_t, {"concurrency", "shuffles", "repeats", "seed", "hot_pass", "probes", "needle_batch",
+                         "needle_filler_tokens"}, where, sec)
     concurrency = typed(sched_t, "concurrency", list, where, sec, default=[1, 8])
     if not concurrency or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in concurrency):
         raise fail(where, f"`{sec}concurrency` must be a non-empty list of positive integers", "e.g. concurrency = [1, 8, 32]")
@@ -211,7 +229,13 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
         repeats=typed(sched_t, "repeats", int, where, sec, default=1),
         seed=typed(sched_t, "seed", int, where, sec, default=0),
         hot_pass=typed(sched_t, "hot_pass", bool, where, sec, default=True),
+        probes=parse_probes(sched_t.get("probes", []), where, sec),
+        needle_batch=typed(sched_t, "needle_batch", int, where, sec, default=64),
+        needle_filler_tokens=typed(sched_t, "needle_filler_tokens", int, where, sec, default=0),
     )
+    if schedule.needle_batch < 1 or schedule.needle_filler_tokens < 0:
+        raise fail(where, f"`{sec}needle_batch` must be >= 1 and `{sec}needle_filler_tokens` >= 0 (0: automatic)",
+                   "e.g. needle_batch = 16, needle_filler_tokens = 256")
     if schedule.shuffles < 0 or schedule.repeats < 1:
         raise fail(where, f"`{sec}shuffles` must be >= 0 and `{sec}repeats` >= 1", "fix the schedule counts")
     if "load" in data:

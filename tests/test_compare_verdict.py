@@ -482,3 +482,22 @@ def test_a_run_recorded_before_conditions_still_judges_unattributed():
     report = judge(current, baseline)
     assert [(p["baseline_pass"], p["current_pass"]) for p in report.baseline_pairs] == [(0, 0)]
     assert by_key(report)["k"].verdict == "stable"
+
+
+def test_golden_json_fields_of_conditions():
+    """Pins the fields docs/json-report.md documents for conditions and factors."""
+    current = record(2, {"k": planned("k", comp(IDS), comp(OTHER), comp(IDS), comp(IDS))}, schedule=PLAN)
+    d = judge(current, None, kind="baseline").to_dict()
+    assert set(d) == {"schema", "kind", "suite", "run_id", "baseline_run_id", "status", "exit_code", "strict",
+                      "promoted", "counts", "changed_components", "batch_invariance", "requests", "metrics",
+                      "task_changes", "factors", "cache_hits", "baseline_pairs", "not_run"}
+    assert d["factors"][0] == {"factor": "prefix_cache", "comparison": "prefix cache cold→hot", "reference_pass": 0,
+                               "pass": 1, "differing": 1, "requests": 1, "keys": ["k"]}
+    assert [f["factor"] for f in d["factors"]] == ["prefix_cache", "batch_size", "order"]
+    assert d["requests"][0]["factor"] == "prefix_cache"
+    assert d["requests"][0]["passes"] == {"reference_pass": 0, "reference_concurrency": 1, "other_pass": 1,
+                                          "other_concurrency": 1, "differing_passes": 1, "total_passes": 4,
+                                          "factors": ["prefix_cache"]}
+    assert d["cache_hits"] == [{"pass": 1, "hit": 0, "missed": 0, "unknown": 1}]
+    assert d["baseline_pairs"] == [] and d["not_run"] == []
+    json.dumps(d, allow_nan=False)

@@ -21,7 +21,8 @@ from conftest import database_url, db_baselines, db_query, db_runs, read_json, v
 pytestmark = pytest.mark.e2e
 
 # A batch-size effect on the tiny fp32 model, alone vs all 48 together (conftest.variance_prompts: 3 of 48),
-# measured with the prefix cache off: a hot cache would make one-sequence-at-a-time vary too.
+# with the prefix cache off: with it on, the hot pass would show the cache's effect (factor prefix_cache)
+# under every candidate, one sequence at a time included.
 PROMPTS = variance_prompts(48)
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,7 +34,9 @@ def test_cost_of_determinism(cli, tmp_path, tiny_model):
     doc = read_json(tmp_path / "out" / "cost.json")
     assert doc["schema"] == "evalgate.cost/1" and doc["platform"] == "cpu"
     by_name = {c["name"]: c for c in doc["candidates"]}
+    # no-prefix-cache is left out: the suite already has the prefix cache off, so `batched` is that candidate
     assert list(by_name) == ["batch-invariant", "batched", "max-num-seqs-1"]
+    assert by_name["batched"]["varying"] == {"batch_size": by_name["batched"]["differing_requests"]}
 
     requested = by_name["batch-invariant"]
     assert requested["status"] == "unavailable" and requested["invariant"] is False
@@ -128,3 +131,26 @@ def test_gpu_validation_script_dry_run(tmp_path, tiny_model, cli_env):
     assert summary["cost"]["candidates"]["max-num-seqs-1"]["invariant"] is True
     for name in ("invariant.json", "control.json", "cost.json", "cost.png", "summary.md", "commands.log"):
         assert (out / name).is_file(), name
+    # one table: every comparison of the default schedule and of every probe, with the flag on and off
+    table = {row["factor"]: row for row in summary["table"]}
+    assert {"prefix_cache", "batch_size", "order", "neighbours", "prefill_decode"} <= set(table)
+    assert all(isinstance(row["differing_on"], int) and isinstance(row["differing_off"], int)
+               for row in summary["table"] if not row["comparison"].startswith("not run"))
+    assert table["batch_size"]["tokens_per_second_off"] > 0
+    assert {"probe chunked_prefill", "probe preemption"} <= set(table)  # reported as not run, with the reason
+    assert any("vllm" in line for line in summary["machine"]["packages"])
+    assert "| factor | comparison |" in (out / "summary.md").read_text()
+
+
+def test_gpu_validation_script_reports_a_machine_without_vllm(tmp_path):
+    """Where vLLM (or evalgate) is missing, the script still says what the machine has, and exits 3."""
+    out = tmp_path / "out"
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_validate.py"), "--out", str(out),
+                           "--python", str(bare / "bin" / "python")], capture_output=True, text=True, timeout=300)
+    summary = json.loads((out / "summary.json").read_text())
+    assert proc.returncode == 3 and summary["exit"] == 3
+    assert "gpus" in summary["machine"] and "packages" in summary["machine"]
+    assert any("not importable" in p for p in summary["problems"])
+    assert "GPUs:" in (out / "summary.md").read_text()

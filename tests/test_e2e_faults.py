@@ -61,7 +61,7 @@ def make_baseline(cli, tmp_path, model, kind: str):
     """A suite with a complete baseline (run 1); its checks run 48 waves of one request."""
     extra = "fake_seconds_per_wave = 0.25" if kind == "fake" else ""
     suite = write_suite(tmp_path / "ws", model, PROMPTS, concurrency=(1,), shuffles=0, max_tokens=24, kind=kind,
-                        extra_engine=extra)
+                        extra_engine=extra, hot_pass=False)
     cli("baseline", "create", suite, "--concurrency", "16", check=0)
     db = tmp_path / "ws" / "evalgate.sqlite"
     assert rows(db, "select suite_name, run_id from baselines") == [("test", 1)]
@@ -138,7 +138,7 @@ def test_two_writers_on_one_sqlite_file(cli, tmp_path, tiny_model):
     db = tmp_path / "ws" / "evalgate.sqlite"
     assert rows(db, "PRAGMA integrity_check") == [("ok",)]
     assert rows(db, "select status from runs") == [("complete",), ("complete",)]
-    assert rows(db, "select count(*) from outputs") == [(24 * 2 * 2,)]
+    assert rows(db, "select count(*) from outputs") == [(24 * 3 * 2,)]  # 24 requests x 3 passes (one hot) x 2 runs
     assert rows(db, "select count(*) from fingerprints") == [(1,)]  # the same identity, stored once
     assert len(rows(db, "select run_id from baselines")) == 1
 

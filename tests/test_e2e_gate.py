@@ -71,14 +71,17 @@ def green_path(cli, tmp_path, tiny_model, store_url, store_backend, kind):
         if kind == "vllm" else "the fake test engine has no batch-invariant kernels",
     }
     assert "PASS" in checked.stdout
+    if kind == "vllm":  # prompts shorter than one 128-token CPU cache block: the hot pass can hit nothing
+        assert report["cache_hits"] == [{"pass": 1, "hit": 0, "missed": len(GREEN_PROMPTS), "unknown": 0}]
+        assert "hot pass 1: 0 of 24 requests were served from the prefix cache" in " ".join(checked.stdout.split())
 
     db = database_url(suite)
     assert_sqlite_beside_suite(store_backend, suite, db)
     assert runs(db) == [(1, "baseline", "complete", "pass"), (2, "check", "complete", "pass")]
-    # every request at every pass: 3 concurrency levels + 1 shuffled pass
+    # every request at every pass: 3 concurrency levels, the hot pass (1) and a shuffled pass
     per_pass = db_query(db, "select pass_index, concurrency, count(*), max(position) from outputs "
                             "where run_id = 2 group by pass_index, concurrency order by pass_index")
-    assert per_pass == [(0, 1, 24, 0), (1, 4, 24, 3), (2, 16, 24, 15), (3, 16, 24, 15)]
+    assert per_pass == [(0, 1, 24, 0), (1, 1, 24, 0), (2, 4, 24, 3), (3, 16, 24, 15), (4, 16, 24, 15)]
 
     listed = cli("runs", "list", "--suite", suite, check=0)
     assert "baseline" in listed.stdout and "check" in listed.stdout

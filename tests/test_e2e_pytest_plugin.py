@@ -61,5 +61,6 @@ def test_plugin_fails_batch_variance_with_the_token_diff(cli, tmp_path, tiny_mod
     assert int(root.get("tests")) == n
     text = next(iter(failed.values())).text
     assert "batch_variance" in text and "first divergence: token" in text and "reference token:" in text
-    assert f"passes: pass 0 (concurrency 1) vs pass 1 (concurrency {n})" in text
+    assert f"passes: pass 0 (concurrency 1) vs pass 2 (concurrency {n})" in text  # pass 1: the hot pass
+    assert "factor: batch_size" in text
     assert "batch_variance" in proc.stdout and "first divergence" in proc.stdout

@@ -48,7 +48,8 @@ def test_two_shards_merge_to_the_unsharded_verdict(cli, tmp_path, tiny_model, st
         return sorted((r["key"], r["verdict"], r["divergence"]["position"]) for r in report["requests"])
     assert strip(merged_report) == strip(whole_report)
     merged_run = merged_report["run_id"]
-    assert db_query(db, f"select count(*) from outputs where run_id = {merged_run}") == [(len(prompts) * 2,)]
+    passes = len(read_json(tmp_path / "whole.json")["factors"]) + 1  # every pass but pass 0 is a comparison
+    assert db_query(db, f"select count(*) from outputs where run_id = {merged_run}") == [(len(prompts) * passes,)]
 
     # an incomplete group cannot be merged
     cli("check", suite, "--shard", "1/3", "--group", "c2", check=0)

@@ -62,14 +62,14 @@ def test_unicode_prompts_and_ids_round_trip(cli, tmp_path, tiny_model):
             assert stored == expected  # exact: no normalisation, no stripping, no escaping
             keys = {k for (k,) in conn.execute("select distinct request_key from outputs where run_id = ?", (run_id,))}
             assert keys == set(expected)
-            # every request in every pass: 2 concurrency levels + 1 shuffled pass
-            assert conn.execute("select count(*) from outputs where run_id = ?", (run_id,)).fetchone() == (3 * n,)
+            # every request in every pass: 2 concurrency levels, the hot pass and 1 shuffled pass
+            assert conn.execute("select count(*) from outputs where run_id = ?", (run_id,)).fetchone() == (4 * n,)
         assert conn.execute("select status, verdict from runs order by id").fetchall() == [
             ("complete", "pass"), ("complete", "pass")]
 
     shown = cli("runs", "show", "2", "--suite", suite, "--json", check=0)
     info = json.loads(shown.stdout)
-    assert info["status"] == "complete" and info["requests"] == n and info["outputs"] == 3 * n
+    assert info["status"] == "complete" and info["requests"] == n and info["outputs"] == 4 * n
     assert info["summary"]["stable"] == n
 
 

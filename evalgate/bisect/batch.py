@@ -166,7 +166,14 @@ def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro
         raise ConfigError(f"request {key!r} shows no batch variance in run {run_id}: its {len(completions)} pass(es) agree",
                           fix="pick a request whose verdict is batch_variance (`evalgate runs show "
                               f"{run_id}`), or use `evalgate repro` for a change against the baseline")
-    batch_differences = [d for d in disagreement.differences if d.factor in BATCH_FACTORS or d.factor is None]
+    # A probe's neighbours (needle fillers) are not stored, so only the schedule's own passes can be bisected.
+    batch_differences = [d for d in disagreement.differences
+                         if (d.factor in BATCH_FACTORS or d.factor is None) and not d.other.probe]
+    if not batch_differences and any(d.other.probe for d in disagreement.differences):
+        probes = ", ".join(sorted({d.other.probe for d in disagreement.differences if d.other.probe}))
+        raise ConfigError(f"request {key!r} of run {run_id} varies only in probe passes ({probes}), whose companion "
+                          "requests are not stored: the batch bisector cannot rebuild those batches",
+                          fix="; ".join(f"{words(f)}: {REMEDIES[f]}" for f in disagreement.factors if f in REMEDIES))
     if not batch_differences:
         factors = ", ".join(words(f) for f in disagreement.factors)
         raise ConfigError(f"request {key!r} of run {run_id} varies under {factors}, not with who shares its batch: "

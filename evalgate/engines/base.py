@@ -89,6 +89,11 @@ class Engine:
         return self.encode(prompt.text)
 
     @property
+    def capture_sizes(self) -> tuple[int, ...] | None:
+        """The batch sizes the engine captured CUDA graphs for (None: none, or it does not say)."""
+        return None
+
+    @property
     def prefix_caching(self) -> bool | None:
         """Whether the engine caches prompt prefixes (None: it does not say). False: no hot pass."""
         return None
@@ -109,8 +114,11 @@ class Engine:
 
 
 def request_salt(cache_salt: str, key: str) -> str:
-    """One request's cache salt: vLLM mixes it into the hashes of the request's blocks."""
-    return f"{cache_salt}/{key}"
+    """One request's cache salt: vLLM mixes it into the hashes of the request's blocks. Hashed: a server
+    takes at most 128 characters and none of `@ / \\` or NUL, and a request id may hold anything."""
+    import hashlib
+
+    return hashlib.sha256(f"{cache_salt}\0{key}".encode()).hexdigest()[:32]
 
 
 def arrange_batch_invariance(requested: bool, platform: str, env: MutableMapping[str, str] = os.environ) -> dict:

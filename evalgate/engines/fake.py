@@ -11,6 +11,8 @@ for the keys listed in `fake_vary_with_batch`, the size of the wave the request 
 
 - prompt ids: the model directory's `tokenizer.json` (the `tokenizers` library), else UTF-8 bytes;
 - output token i: SHA-256(weights hash, prompt ids, i) modulo the vocabulary, always `max_tokens` tokens;
+  a scored continuation token gets the logprob it would have had when generated after its window's
+  context (prefill and decode agree);
 - top-k: the chosen token first, then k-1 other ids, with logprobs -0.05, -1.05, -2.05, ... plus a
   hash-derived fraction (so bits differ between tokens); the chosen token is top-1;
 - a key in `fake_vary_with_batch` that shares its wave with other requests gets different tokens from the
@@ -137,9 +139,13 @@ class FakeEngine(Engine):
     def _complete(self, prompt: Prompt, *, crowded: bool, cached: bool) -> Completion:
         prompt_ids = self.tokenize(prompt)
         k = self.suite.sampling["logprobs"]
-        if prompt.request_type in SCORING_TYPES:  # scored: the continuation tokens themselves
-            ids = [t for _, continuation in prompt.segments for t in continuation]
-            rows = [self._row(prompt_ids, i, k, chosen=t) for i, t in enumerate(ids)]
+        if prompt.request_type in SCORING_TYPES:
+            # scored: the continuation tokens themselves, with the logprobs they get when generated after the
+            # window's context (prefill and decode agree, as on a batch-invariant engine)
+            ids, rows = [], []
+            for context, continuation in prompt.segments:
+                ids += continuation
+                rows += [self._row(list(context), i, k, chosen=t) for i, t in enumerate(continuation)]
             finish = "scored"
         else:
             n = int(self.suite.sampling_for(prompt)["max_tokens"])

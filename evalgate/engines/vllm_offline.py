@@ -133,6 +133,11 @@ class VllmOfflineEngine(Engine):
         return list(self.tokenizer.encode(text))
 
     @property
+    def capture_sizes(self) -> tuple[int, ...] | None:
+        sizes = getattr(self.llm.llm_engine.vllm_config.compilation_config, "cudagraph_capture_sizes", None)
+        return tuple(sorted(sizes)) if sizes else None
+
+    @property
     def prefix_caching(self) -> bool:
         return bool(self.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching)
 
