@@ -73,7 +73,9 @@ def green_path(cli, tmp_path, tiny_model, store_url, store_backend, kind):
     assert "PASS" in checked.stdout
     if kind == "vllm":  # prompts shorter than one 128-token CPU cache block: the hot pass can hit nothing
         assert report["cache_hits"] == [{"pass": 1, "hit": 0, "missed": len(GREEN_PROMPTS), "unknown": 0}]
-        assert "hot pass 1: 0 of 24 requests were served from the prefix cache" in " ".join(checked.stdout.split())
+        out = " ".join(checked.stdout.split())
+        assert "hot pass 1: 0 of 24 requests were served from the prefix cache" in out
+        assert "not exercised: prefix cache cold→hot" in out and "invariant under: batch size 1→4" in out
 
     db = database_url(suite)
     assert_sqlite_beside_suite(store_backend, suite, db)

@@ -95,10 +95,15 @@ def factor_lines(factors: list[dict], cache_hits: list[dict] = (), not_run: list
     settings that remove each varying factor, whether the hot passes really hit the cache, and what the
     plan asked for that could not run (verdict.Report.factors, .cache_hits, .not_run)."""
     lines = []
-    invariant = [f["comparison"] for f in factors if not f["differing"]]
+    # a hot pass that no request hit proves nothing about the cache: not exercised, rather than invariant
+    cold_hot = {h["pass"] for h in cache_hits if h["hit"] == 0 and h["unknown"] == 0}
+    unexercised = [f["comparison"] for f in factors if not f["differing"] and f["pass"] in cold_hot]
+    invariant = [f["comparison"] for f in factors if not f["differing"] and f["pass"] not in cold_hot]
     varying = [f for f in factors if f["differing"]]
     if invariant:
         lines.append("invariant under: " + ", ".join(invariant))
+    if unexercised:
+        lines.append("not exercised: " + ", ".join(unexercised) + " (no request was served from the cache)")
     if varying:
         lines.append("varies under: " + ", ".join(
             f"{f['comparison']} ({f['differing']} request{'s' if f['differing'] != 1 else ''})" for f in varying))
