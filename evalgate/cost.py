@@ -533,7 +533,8 @@ def run_cost(suite: Suite, candidates: list[Candidate], *, schedule: Schedule | 
              listener: Listener | None = None, platform: str | None = None) -> CostReport:
     """Measure every candidate on the suite's schedule; store each candidate's run (kind `cost`) and its
     figures (table `cost_results`). `platform`: skip detection (tests)."""
-    schedule = schedule or suite.schedule
+    # the schedule's own passes: probes judge invariance, their companions and own engines would skew the price
+    schedule = replace(schedule or suite.schedule, probes=())
     check_schedule(schedule)
     check_engine_arg_names(candidates)
     url = suite.database

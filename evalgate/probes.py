@@ -7,7 +7,8 @@ to the probe's factor. Some probes submit companion requests beside the suite's 
 prefix warmer): companions share the engine's batches but are never stored or judged.
 
 - `batch_edges` (batch_size): batch sizes around a CUDA-graph capture size: s-1, s and s+1 for the largest
-  capture size s the suite can fill; s-1 is compared with pass 0, s with s-1, s+1 with s. Capture sizes
+  capture size s the suite can fill (s-1 left out where it is pass 0's size); the first is compared with
+  pass 0, each next one with the one below it. Capture sizes
   come from the engine's config; an engine without CUDA graphs (CPU, eager) uses vLLM's default list,
   DEFAULT_CAPTURE_SIZES.
 - `needle` (neighbours): each request alone among `needle_batch` long fillers, at a seeded random
@@ -18,13 +19,19 @@ prefix warmer): companions share the engine's batches but are never stored or ju
   tail (the case that varies on CPU). The recorded cached-token counts prove the hit.
 - `prefill_decode` (prefill_decode): each request's pass-0 output ids re-scored by one prefill, prompt ids
   plus output ids as token ids (never re-encoded text), compared bit for bit with the decode's logprobs.
-- `chunked_prefill` and `preemption` need a second engine with other settings (a small
-  max_num_batched_tokens; a KV cache small enough to preempt): not run here, reported with the reason.
-  `evalgate cost` measures such settings as candidates.
+- `chunked_prefill` (chunking) and `preemption` (preemption) need an engine with other settings, so they
+  run last, each in its own engine started after the run's engine is closed (one engine in memory at a
+  time): chunked prefill with a token budget of a quarter of the longest prompt (at least 16), each
+  request alone, against pass 0; preemption with a KV cache of just enough blocks for one request of
+  max_model_len, at the highest concurrency, against the given-order pass at that concurrency. vLLM's
+  own preemption counter proves preemption happened (a pass without any is reported as not run). Only
+  the in-process `vllm` kind starts such engines; a probe whose engine does not start is reported as not
+  run with vLLM's reason.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterator
@@ -40,14 +47,7 @@ PROBES = ("batch_edges", "needle", "prefix_cache", "prefill_decode", "chunked_pr
 PRESETS = {"vllm": PROBES}  # vLLM's determinism scenarios
 FACTOR = {"batch_edges": "batch_size", "needle": "neighbours", "prefix_cache": "prefix_cache",
           "prefill_decode": "prefill_decode", "chunked_prefill": "chunking", "preemption": "preemption"}
-NOT_BUILT = {
-    "chunked_prefill": "needs a second engine with a small max_num_batched_tokens (chunked vs unchunked prefill), "
-                       "which this version does not start; measure it with `evalgate cost` and a candidate "
-                       "such as enable_chunked_prefill=false",
-    "preemption": "needs a second engine with a KV cache small enough to force preemption and recompute, which "
-                  "this version does not start; measure it with `evalgate cost` and a candidate with a smaller "
-                  "KV cache",
-}
+OWN_ENGINE = ("chunked_prefill", "preemption")  # probes that need an engine with other settings
 # vLLM's default CUDA-graph capture sizes (1, 2, 4, then every 8 up to 512): used where the engine has none.
 DEFAULT_CAPTURE_SIZES = (1, 2, 4, *range(8, 513, 8))
 MAX_FILLER_TOKENS = 2048
@@ -65,9 +65,11 @@ class Wave:
 
 
 def plan_probes(schedule: Schedule, passes: list[Pass], requests: int, capture_sizes: tuple[int, ...] | None,
-                generating: int) -> tuple[list[Pass], list[dict]]:
-    """The probe passes (appended after `passes`) and the probes that cannot run, with the reason.
-    `generating`: how many requests generate text (prefill_decode re-scores those only)."""
+                generating: int, own_engine: dict[str, dict] | None) -> tuple[list[Pass], list[dict]]:
+    """The probe passes (appended after `passes`; those with their own engine last) and the probes that
+    cannot run, with the reason. `generating`: how many requests generate text (prefill_decode re-scores
+    those only). `own_engine`: probe -> engine settings (own_engine_args), None where the engine kind
+    cannot start another engine."""
     added: list[Pass] = []
     not_run: list[dict] = []
 
@@ -78,18 +80,19 @@ def plan_probes(schedule: Schedule, passes: list[Pass], requests: int, capture_s
         return index
 
     for probe in schedule.probes:
-        if probe in NOT_BUILT:
-            not_run.append({"pass": f"probe {probe}", "reason": NOT_BUILT[probe]})
-        elif probe == "batch_edges":
+        if probe in OWN_ENGINE:
+            continue  # last, below
+        if probe == "batch_edges":
             sizes = [s for s in (capture_sizes or DEFAULT_CAPTURE_SIZES) if 2 <= s <= requests - 1]
             if not sizes:
                 not_run.append({"pass": "probe batch_edges", "reason": f"the suite has {requests} request(s): a batch "
                                 "edge s-1, s, s+1 needs at least 3"})
                 continue
             edge = max(sizes)
-            below = add(probe, edge - 1)  # against pass 0; then each size against the one below it
-            at = add(probe, edge, reference=below)
-            add(probe, edge + 1, reference=at)
+            reference = 0  # the first edge against pass 0, then each size against the one below it
+            for size in (edge - 1, edge, edge + 1):
+                if size != passes[0].concurrency:
+                    reference = add(probe, size, reference=reference)
         elif probe == "needle":
             add(probe, schedule.needle_batch + 1)
         elif probe == "prefix_cache":
@@ -100,7 +103,30 @@ def plan_probes(schedule: Schedule, passes: list[Pass], requests: int, capture_s
                                 "(lm-eval scoring requests are prefills already)"})
                 continue
             add(probe, 1)
+    for probe in (p for p in schedule.probes if p in OWN_ENGINE):
+        if own_engine is None:
+            not_run.append({"pass": f"probe {probe}", "reason": "needs an engine with other settings: only the "
+                            "in-process `vllm` kind starts one (measure the setting with `evalgate cost`)"})
+            continue
+        args = json.dumps(own_engine[probe], sort_keys=True)
+        if probe == "chunked_prefill":
+            add(probe, 1, engine_args=args)
+        else:
+            top = max(schedule.concurrency)
+            given = next(p for p in passes if p.concurrency == top and p.order_seed is None and p.cache != HOT)
+            add(probe, top, reference=given.index, engine_args=args)
     return added, not_run
+
+
+def own_engine_args(longest_prompt: int, max_model_len: int, block_size: int | None) -> dict[str, dict]:
+    """The settings of the probes that need their own engine, over the suite's engine settings."""
+    blocks = -(-max_model_len // (block_size or 16)) + 1  # one request of max_model_len (vLLM wants a block more)
+    return {
+        # vLLM wants max_num_seqs <= max_num_batched_tokens; each request runs alone in this probe anyway
+        "chunked_prefill": {"enable_chunked_prefill": True, "max_num_batched_tokens": max(16, longest_prompt // 4),
+                            "max_num_seqs": 16},
+        "preemption": {"num_gpu_blocks_override": blocks, "disable_log_stats": False},  # stats: the preemption count
+    }
 
 
 def filler_tokens(schedule: Schedule, max_model_len: int, longest_request: int) -> int:
@@ -113,7 +139,7 @@ def filler_tokens(schedule: Schedule, max_model_len: int, longest_request: int) 
 def probe_waves(pass_: Pass, keys: list[str], prompts: dict[str, Prompt], *, schedule: Schedule, engine: Engine,
                 prompt_ids: dict[str, list[int]], reference: dict[str, Completion]) -> Iterator[Wave]:
     """The waves of one probe pass. `reference`: pass 0's outputs by key (prefill_decode re-scores them)."""
-    if pass_.probe == "batch_edges":
+    if pass_.probe in ("batch_edges", *OWN_ENGINE):  # the suite's requests in waves, nothing beside them
         for i in range(0, len(keys), pass_.concurrency):
             wave = [prompts[k] for k in keys[i : i + pass_.concurrency]]
             yield Wave(wave, [True] * len(wave))

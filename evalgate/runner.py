@@ -8,6 +8,7 @@ failure or interruption after the run row exists marks the run incomplete before
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 import uuid
@@ -15,7 +16,7 @@ from dataclasses import asdict, replace
 from typing import Callable, Iterator
 
 from .engines import Engine, open_engine
-from .errors import ConfigError, EngineError
+from .errors import ConfigError, EngineError, EvalgateError
 from .fingerprint import build_fingerprint
 from .probes import Wave, probe_waves
 from .prompts import SCORING_TYPES, Prompt
@@ -137,7 +138,7 @@ def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Sche
     start = time.perf_counter()
     prompt_ids = tokenize_prompts(suite, engine)
     fingerprint = build_fingerprint(suite, engine)
-    passes, not_run = plan_for(schedule, engine, suite)
+    passes, not_run = plan_for(schedule, engine, suite, prompt_ids)
     # One salt per run: a server that outlives runs (kind `openai`) never serves a cold pass from an earlier run.
     salt = uuid.uuid4().hex[:16] if engine.salts_cache else None
     schedule_record = {**asdict(schedule), "passes": [p.to_dict() for p in passes], "not_run": not_run,
@@ -148,15 +149,21 @@ def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Sche
         on_run(run_id)
     timings.add("evalgate", time.perf_counter() - start)
     with incomplete_on_failure(store, run_id):
-        _run_passes(suite, store, engine, run_id, passes, timings, progress, schedule=schedule, prompt_ids=prompt_ids,
-                    cold_waves=cold_waves, salt=salt)
+        dropped = _run_passes(suite, store, engine, run_id, passes, timings, progress, schedule=schedule,
+                              prompt_ids=prompt_ids, cold_waves=cold_waves, salt=salt)
+        if dropped:  # planned, but could not run after all: not a pass to judge, a reason to report
+            gone = {p.index for p, _ in dropped}
+            schedule_record["passes"] = [p for p in schedule_record["passes"] if p["index"] not in gone]
+            schedule_record["not_run"] += [{"pass": f"probe {p.probe}", "reason": reason} for p, reason in dropped]
+            store.update_schedule(run_id, schedule_record)
     return run_id
 
 
-def plan_for(schedule: Schedule, engine: Engine, suite: Suite) -> tuple[list[Pass], list[dict]]:
+def plan_for(schedule: Schedule, engine: Engine, suite: Suite,
+             prompt_ids: dict[str, list[int]]) -> tuple[list[Pass], list[dict]]:
     """The schedule's passes on this engine, its probes' passes, and what of it cannot run here (with the
     reason: never reported as passed)."""
-    from .probes import plan_probes
+    from .probes import own_engine_args, plan_probes
 
     not_run = []
     if not engine.salts_cache:
@@ -174,7 +181,9 @@ def plan_for(schedule: Schedule, engine: Engine, suite: Suite) -> tuple[list[Pas
                         "(enable_prefix_caching = false): there is no cache to warm"})
     passes = plan_passes(schedule, prefix_caching=engine.prefix_caching)
     generating = sum(1 for p in suite.prompts if p.request_type not in SCORING_TYPES)
-    probes, probes_not_run = plan_probes(schedule, passes, len(suite.prompts), engine.capture_sizes, generating)
+    longest = max((len(ids) for ids in prompt_ids.values()), default=0)
+    own = own_engine_args(longest, engine.max_model_len, engine.kv_block_size) if engine.starts_probe_engines else None
+    probes, probes_not_run = plan_probes(schedule, passes, len(suite.prompts), engine.capture_sizes, generating, own)
     if "prefix_cache" in schedule.probes and engine.prefix_caching is False:
         probes = [p for p in probes if p.probe != "prefix_cache"]
         probes_not_run.append({"pass": "probe prefix_cache", "reason": "the engine has prefix caching off"})
@@ -192,9 +201,23 @@ def pass_waves(pass_: Pass, keys: list[str], by_key: dict[str, Prompt], *, sched
         yield Wave([by_key[k] for k in wave], [True] * len(wave))
 
 
+def probe_engine(suite: Suite, current: Engine, pass_: Pass, timings: Timings) -> Engine:
+    """A probe's own engine: the suite's settings with the probe's over them. The current engine is closed
+    first, so only one engine holds memory (a GPU has room for one)."""
+    current.close()
+    t0 = time.perf_counter()
+    try:
+        return open_engine(replace(suite, engine_args={**suite.engine_args, **json.loads(pass_.engine_args)}))
+    finally:
+        timings.add("engine_load", time.perf_counter() - t0)
+
+
 def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes: list[Pass], timings: Timings,
                 progress: Progress | None, *, schedule: Schedule, prompt_ids: dict[str, list[int]],
-                cold_waves: bool = False, salt: str | None = None) -> None:
+                cold_waves: bool = False, salt: str | None = None) -> list[tuple[Pass, str]]:
+    """Every pass, stored pass by pass. Returns the passes that could not run after all, with the reason
+    (a probe whose own engine did not start, or whose engine never preempted)."""
+    dropped: list[tuple[Pass, str]] = []
     by_key = {p.key: p for p in suite.prompts}
     keys = [p.key for p in suite.prompts]
     total = len(keys) * len(passes)
@@ -202,6 +225,14 @@ def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes:
     load = schedule.load
     first_pass: dict[str, Completion] = {}
     for pass_ in passes:
+        preempted_before = None
+        if pass_.engine_args:
+            try:
+                engine = probe_engine(suite, engine, pass_, timings)
+            except EvalgateError as exc:
+                dropped.append((pass_, f"its engine ({pass_.engine_args}) did not start: {exc.message}"))
+                continue
+            preempted_before = engine.preemptions()
         pass_outputs = []
         wave_seconds: list[float] = []
         # [load]: a server engine keeps filler traffic running through this pass (evalgate/load.py)
@@ -229,6 +260,13 @@ def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes:
                     progress(min(done, total), total, pass_.label)
         if pass_.index == 0:
             first_pass = {c.key: c for c in pass_outputs}
+        preemptions = None
+        if pass_.probe == "preemption":
+            after = engine.preemptions()
+            preemptions = None if after is None or preempted_before is None else after - preempted_before
+            if not preemptions:
+                dropped.append((pass_, "vLLM reported no preemption in this pass" if preemptions == 0 else
+                                "the engine does not report preemptions, so preemption is unproven"))
         # Per-pass throughput figures (read by `evalgate cost` and benchmarks/); a wave's time is the latency
         # of each of its requests, since a wave is submitted and returns together.
         timings.setdefault("passes", []).append({
@@ -236,7 +274,9 @@ def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes:
             "requests": len(pass_outputs),
             "output_tokens": sum(len(c.output_ids) for c in pass_outputs),
             "seconds": sum(wave_seconds), "wave_seconds": wave_seconds, **({"load": load_stats} if loaded else {}),
+            **({"preemptions": preemptions} if pass_.probe == "preemption" else {}),
         })
         t0 = time.perf_counter()
         store.add_outputs(run_id, pass_outputs)
         timings.add("evalgate", time.perf_counter() - t0)
+    return dropped

@@ -56,11 +56,12 @@ class Pass:
     factor: str | None = None  # None with a reference: unattributed (a run recorded before conditions)
     salt_of: int | None = None  # whose cache salts the requests carry (a hot pass: its reference's)
     probe: str | None = None  # the probe that added this pass (evalgate/probes.py)
+    engine_args: str | None = None  # a probe's own engine: its settings over the suite's, as canonical JSON
 
     @property
     def condition(self) -> tuple:
         """What the pass ran under; equal conditions are comparable across runs (baseline vs check)."""
-        return (self.concurrency, self.order_seed, self.cache, self.probe)
+        return (self.concurrency, self.order_seed, self.cache, self.probe, self.engine_args)
 
     @property
     def condition_label(self) -> str:
@@ -84,6 +85,10 @@ def comparison_label(reference: Pass, other: Pass) -> str:
         return "prefix cache cold→half the prompt cached (prefix_cache probe)"
     if other.probe == "prefill_decode":
         return "prefill vs decode: the output re-scored by one prefill"
+    if other.probe == "chunked_prefill":
+        return f"chunked prefill: unchunked→chunked ({other.engine_args})"
+    if other.probe == "preemption":
+        return f"preemption: at batch size {other.concurrency} with a KV cache that forces it ({other.engine_args})"
     if other.probe == "batch_edges":
         return f"batch size {reference.concurrency}→{other.concurrency} (batch edge)"
     if other.factor == "batch_size":

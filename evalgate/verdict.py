@@ -185,7 +185,7 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
         baseline_run_id=baseline.id if baseline else None, verdicts=verdicts, changed_components=changed,
         batch_invariance=engine.get("batch_invariance", {}), strict=strict,
         fingerprint_changes=describe_changes(baseline.fingerprint, current.fingerprint, changed) if baseline else {},
-        factors=factor_summary(passes, varying, len(current.requests)),
+        factors=factor_summary(passes, varying, current),
         cache_hits=cache_hits(current, passes),
         baseline_pairs=[pair.to_dict() for pair in pairs],
         not_run=list((current.run.schedule or {}).get("not_run") or []),
@@ -226,9 +226,14 @@ def matching_passes(baseline: list[Pass], current: list[Pass]) -> list[PassPair]
     return pairs
 
 
-def factor_summary(passes: list[Pass], varying: dict[int, list[str]], requests: int) -> list[dict]:
-    """One entry per comparison the run made: its factor, what changed, and how many requests differ."""
+def factor_summary(passes: list[Pass], varying: dict[int, list[str]], record: RunRecord) -> list[dict]:
+    """One entry per comparison the run made: its factor, what changed, how many requests ran in both
+    passes (`compared`) and how many of those differ."""
     by_index = {p.index: p for p in passes}
+    ran: dict[int, set[str]] = {}
+    for key, outputs in record.outputs.items():
+        for c in outputs:
+            ran.setdefault(c.pass_index, set()).add(key)
     summary = []
     for p in passes:
         if p.reference is None or p.reference not in by_index:
@@ -236,7 +241,8 @@ def factor_summary(passes: list[Pass], varying: dict[int, list[str]], requests: 
         keys = varying.get(p.index, [])
         summary.append({"factor": p.factor, "comparison": comparison_label(by_index[p.reference], p),
                         "reference_pass": p.reference, "pass": p.index, "differing": len(keys),
-                        "requests": requests, "keys": keys[:20]})
+                        "compared": len(ran.get(p.index, set()) & ran.get(p.reference, set())),
+                        "requests": len(record.requests), "keys": keys[:20]})
     return summary
 
 

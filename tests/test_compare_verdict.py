@@ -428,6 +428,18 @@ def test_a_request_varying_under_two_factors_names_both():
     assert v.passes["differing_passes"] == 2
 
 
+def test_a_comparison_with_no_request_in_both_passes_is_never_invariant():
+    from evalgate.reports.explain import factor_lines
+
+    # pass 2 (batch size) ran nothing: its comparison is not evidence of invariance
+    current = record(2, {"k": planned("k", comp(IDS), comp(IDS))}, schedule={"passes": PLAN["passes"][:3]})
+    report = judge(current, None)
+    assert [(f["pass"], f["compared"], f["differing"]) for f in report.factors] == [(1, 1, 0), (2, 0, 0)]
+    lines = factor_lines(report.factors)
+    assert lines == ["invariant under: prefix cache cold→hot",
+                     "not exercised: batch size 1→8 (no request ran in both passes)"]
+
+
 def test_hot_pass_cache_hits_are_counted_from_the_engine():
     outs = {}
     for key, cached in (("hit", 128), ("miss", 0)):
@@ -492,7 +504,7 @@ def test_golden_json_fields_of_conditions():
                       "promoted", "counts", "changed_components", "batch_invariance", "requests", "metrics",
                       "task_changes", "factors", "cache_hits", "baseline_pairs", "not_run"}
     assert d["factors"][0] == {"factor": "prefix_cache", "comparison": "prefix cache cold→hot", "reference_pass": 0,
-                               "pass": 1, "differing": 1, "requests": 1, "keys": ["k"]}
+                               "pass": 1, "differing": 1, "compared": 1, "requests": 1, "keys": ["k"]}
     assert [f["factor"] for f in d["factors"]] == ["prefix_cache", "batch_size", "order"]
     assert d["requests"][0]["factor"] == "prefix_cache"
     assert d["requests"][0]["passes"] == {"reference_pass": 0, "reference_concurrency": 1, "other_pass": 1,

@@ -75,7 +75,7 @@ def test_every_probe_runs_or_says_why_not(cli, tmp_path, tiny_model):
                            "prefill vs decode: the output re-scored by one prefill"]
     assert all(f["differing"] == 0 for f in report["factors"])  # the fake is invariant under all of them
     assert [n["pass"] for n in report["not_run"]] == ["probe chunked_prefill", "probe preemption"]
-    assert all("second engine" in n["reason"] for n in report["not_run"])
+    assert all("only the in-process `vllm` kind starts one" in n["reason"] for n in report["not_run"])
     db = database_url(suite)
     # companions (fillers, warmers) are never stored: every pass holds the suite's 6 requests, once each
     assert db_query(db, "select count(distinct pass_index), min(n), max(n) from (select pass_index, count(*) n, "

@@ -137,7 +137,9 @@ def test_gpu_validation_script_dry_run(tmp_path, tiny_model, cli_env):
     assert all(isinstance(row["differing_on"], int) and isinstance(row["differing_off"], int)
                for row in summary["table"] if not row["comparison"].startswith("not run"))
     assert table["batch_size"]["tokens_per_second_off"] > 0
-    assert {"probe chunked_prefill", "probe preemption"} <= set(table)  # reported as not run, with the reason
+    assert "chunking" in table
+    # the dry run's short prompts fit a one-request KV cache: no preemption, reported as not run with the reason
+    assert "preemption" in table or "no preemption" in table["probe preemption"]["comparison"]
     assert any("vllm" in line for line in summary["machine"]["packages"])
     assert "| factor | comparison |" in (out / "summary.md").read_text()
 

@@ -45,6 +45,8 @@ class Engine:
     can_reset_cache: ClassVar[bool] = False
     # Whether `[load]` filler traffic can run beside a pass (`under_load`): the server kinds.
     accepts_load: ClassVar[bool] = False
+    # Whether the runner may start this kind again with other settings for a probe (probes.OWN_ENGINE).
+    starts_probe_engines: ClassVar[bool] = False
     # Whether `generate` honours `cache_salt` (vLLM's per-request prefix-cache namespace): what makes a pass
     # cold (schedule.py). An engine without it records every pass's cache state as `unknown`.
     salts_cache: ClassVar[bool] = False
@@ -91,6 +93,15 @@ class Engine:
     @property
     def capture_sizes(self) -> tuple[int, ...] | None:
         """The batch sizes the engine captured CUDA graphs for (None: none, or it does not say)."""
+        return None
+
+    @property
+    def kv_block_size(self) -> int | None:
+        """Tokens per KV-cache block (None: unknown)."""
+        return None
+
+    def preemptions(self) -> int | None:
+        """How many times the engine preempted a request so far (None: it does not say)."""
         return None
 
     @property

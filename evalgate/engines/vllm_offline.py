@@ -72,6 +72,7 @@ class VllmOfflineEngine(Engine):
     kind = "vllm"
     can_reset_cache = True
     salts_cache = True
+    starts_probe_engines = True
 
     def __init__(self, suite: Suite):
         self.suite = suite
@@ -136,6 +137,18 @@ class VllmOfflineEngine(Engine):
     def capture_sizes(self) -> tuple[int, ...] | None:
         sizes = getattr(self.llm.llm_engine.vllm_config.compilation_config, "cudagraph_capture_sizes", None)
         return tuple(sorted(sizes)) if sizes else None
+
+    @property
+    def kv_block_size(self) -> int | None:
+        return self.llm.llm_engine.vllm_config.cache_config.block_size
+
+    def preemptions(self) -> int | None:
+        """vLLM's own counter (needs stats logging on: the preemption probe's engine turns it on)."""
+        try:
+            metrics = self.llm.get_metrics()
+        except Exception:  # stats logging off
+            return None
+        return next((int(m.value) for m in metrics if m.name == "vllm:num_preemptions"), None)
 
     @property
     def prefix_caching(self) -> bool:

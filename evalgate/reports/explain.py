@@ -96,14 +96,20 @@ def factor_lines(factors: list[dict], cache_hits: list[dict] = (), not_run: list
     plan asked for that could not run (verdict.Report.factors, .cache_hits, .not_run)."""
     lines = []
     # a hot pass that no request hit proves nothing about the cache: not exercised, rather than invariant
+    # and a comparison no request ran in both passes of proves nothing at all
     cold_hot = {h["pass"] for h in cache_hits if h["hit"] == 0 and h["unknown"] == 0}
-    unexercised = [f["comparison"] for f in factors if not f["differing"] and f["pass"] in cold_hot]
-    invariant = [f["comparison"] for f in factors if not f["differing"] and f["pass"] not in cold_hot]
+    empty = [f["comparison"] for f in factors if f.get("compared") == 0]
+    unexercised = [f["comparison"] for f in factors if not f["differing"] and f["pass"] in cold_hot
+                   and f.get("compared") != 0]
+    invariant = [f["comparison"] for f in factors if not f["differing"] and f["pass"] not in cold_hot
+                 and f.get("compared") != 0]
     varying = [f for f in factors if f["differing"]]
     if invariant:
         lines.append("invariant under: " + ", ".join(invariant))
     if unexercised:
         lines.append("not exercised: " + ", ".join(unexercised) + " (no request was served from the cache)")
+    if empty:
+        lines.append("not exercised: " + ", ".join(empty) + " (no request ran in both passes)")
     if varying:
         lines.append("varies under: " + ", ".join(
             f"{f['comparison']} ({f['differing']} request{'s' if f['differing'] != 1 else ''})" for f in varying))

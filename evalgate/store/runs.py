@@ -99,6 +99,13 @@ class RunStore(StoreBase):
 
         self.write(write)
 
+    def update_schedule(self, run_id: int, schedule: dict) -> None:
+        """Replace a running run's schedule record (the runner drops a planned pass that could not run)."""
+        def write(s: Session) -> None:
+            s.get(Run, run_id).schedule = schedule
+
+        self.write(write)
+
     def finish_run(self, run_id: int, *, status: str, verdict: str | None = None, exit_code: int | None = None,
                    summary: dict | None = None, verdicts: list[dict] | None = None, error: str | None = None,
                    schedule: dict | None = None, baseline_run_id: int | None = None, promote: bool = False) -> None:
