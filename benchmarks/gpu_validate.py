@@ -10,7 +10,7 @@ One script, under 10 minutes on one H100/H200, that installs nothing from the ne
 0. first records what the machine has (GPU and driver from nvidia-smi, the `pip list` lines of vllm and
    torch), so a report comes back even when vLLM is missing;
 3. runs evalgate's default schedule plus every probe (`probes = "vllm"`: batch edges, needle, shared
-   prefix, prefill vs decode; chunked prefill and preemption are reported as not run) with batch
+   prefix, prefill vs decode, chunked prefill and preemption in engines of their own) with batch
    invariance requested (VLLM_BATCH_INVARIANT=1): expects it in force and 0 requests whose passes differ;
 4. runs it without (the negative control): expects differences, attributed by factor, which proves the
    check can fail;
