@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                     return _finish(out, summary, 3)
         summary["model"] = str(model)
 
-        n_prompts, max_tokens = (8, 8) if args.dry_run else (64, 64)
+        n_prompts, max_tokens = (6, 6) if args.dry_run else (64, 64)
         levels = [1, 4] if args.dry_run else [1, 16, 64]
         needle = "needle_batch = 2\nneedle_filler_tokens = 32" if args.dry_run else "needle_batch = 64"
         dtype = "float32" if args.dry_run else "bfloat16"

@@ -160,7 +160,7 @@ def test_variance_is_attributed_to_its_factor_and_never_promoted(cli, tmp_path, 
 
 
 def test_without_a_prefix_cache_there_is_no_prefix_cache_finding(cli, tmp_path, tiny_model):
-    suite = write_suite(tmp_path / "ws", tiny_model, VARIANCE_PROMPTS, max_tokens=16, concurrency=(1,), shuffles=0,
+    suite = write_suite(tmp_path / "ws", tiny_model, VARIANCE_PROMPTS[:8], max_tokens=4, concurrency=(1,), shuffles=0,
                         extra_engine="enable_prefix_caching = false")
     proc = cli("baseline", "create", suite, "--json-report", tmp_path / "r.json", check=0)
     report = read_json(tmp_path / "r.json")

@@ -12,7 +12,7 @@ from conftest import database_url, db_query, read_json, variance_prompts, write_
 pytestmark = pytest.mark.e2e
 
 # Three short prompts (117-128 tokens on the tiny tokenizer: one 128-token CPU cache block each, a second
-# one needed while decoding, which is what preempts under a small KV cache), then four long ones (256-423
+# one needed while decoding 10 tokens, which is what preempts under a small KV cache), then four long ones (256-423
 # tokens) that the hot prefix cache is known to change on this CPU (conftest.variance_prompts).
 PROMPTS = [variance_prompts(48)[i] for i in (0, 39, 22, 1, 7, 12, 29)]
 LONG = ("p003", "p004", "p005", "p006")
@@ -20,7 +20,7 @@ LONG = ("p003", "p004", "p005", "p006")
 
 def test_every_probe_runs_on_vllm_or_says_why_not(cli, tmp_path, tiny_model):
     n = len(PROMPTS)
-    suite = write_suite(tmp_path / "ws", tiny_model, PROMPTS, max_tokens=16, concurrency=(1, n), shuffles=0)
+    suite = write_suite(tmp_path / "ws", tiny_model, PROMPTS, max_tokens=10, concurrency=(1, n), shuffles=0)
     with suite.open("a") as f:
         f.write('probes = "vllm"\nneedle_batch = 4\nneedle_filler_tokens = 64\n')
     proc = cli("baseline", "create", suite, "--json-report", tmp_path / "r.json")
