@@ -25,7 +25,8 @@ model or more prompts); 3 a command failed or timed out.
 
 `--dry-run`: the same steps on CPU with the tiny model and a few prompts, with CPU expectations (batch
 invariance requested but NOT in force, the cost command's batch-invariant candidate `unavailable`, the
-negative control not enforced): CI runs it (tests/test_e2e_cost.py) so the script cannot rot.
+negative control not enforced; the cost step prices only batch-invariant and max-num-seqs-1): CI runs it
+(tests/test_e2e_cost.py) so the script cannot rot.
 
     OUT=/tmp/out python benchmarks/gpu_validate.py                 # on the GPU machine
     python benchmarks/gpu_validate.py --dry-run --out /tmp/out     # anywhere, CPU only
@@ -181,8 +182,12 @@ probes = "vllm"
         # 5. the price of determinism (the schedule without probes: their companions would skew throughput)
         cost_suite = work / "cost.toml"
         cost_suite.write_text(suites["control"].read_text().replace('probes = "vllm"', "probes = []"), encoding="utf-8")
+        # the dry run prices two candidates, not the four defaults: each is an engine start, and the
+        # plumbing is the same
+        few = (["--no-defaults", "--candidate", "batch-invariant:batch_invariant=true",
+                "--candidate", "max-num-seqs-1:max_num_seqs=1,batch_invariant=false"] if args.dry_run else [])
         code = run("cost", *evalgate, "cost", str(cost_suite), "--json-report", str(out / "cost.json"),
-                   "--plot", str(out / "cost.png"))
+                   "--plot", str(out / "cost.png"), *few)
         cost = _read(out / "cost.json")
         if cost is None or code != 0:
             status = max(status, 3)

@@ -204,6 +204,27 @@ def _lm_class():
                 flags["add_special_tokens"] = False  # the text already starts with BOS (chat templates)
             return list(self.tokenizer(string, **flags).input_ids)
 
+        # -- chat, as lm-eval's vLLM backend renders it (simple_evaluate decides when)
+        @property
+        def tokenizer_name(self) -> str:
+            return str(getattr(self.tokenizer, "name_or_path", "tokenizer")).replace("/", "__")
+
+        def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+            import jinja2
+
+            def render(history):
+                return self.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                          continue_final_message=not add_generation_prompt)
+
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ConfigError("[lm_eval] apply_chat_template is set, but the model's tokenizer has no chat template",
+                                  fix="add the template to the model directory (chat_template.jinja), or set "
+                                      "apply_chat_template = false")
+            try:
+                return render(chat_history)
+            except jinja2.exceptions.TemplateError:  # a template without a system role: lm-eval drops it
+                return render([m for m in chat_history if m["role"] != "system"])
+
         def _keys(self, instances) -> list[str]:
             """task/doc_id/idx/repeat: lm-eval passes an instance once per repeat, consecutively."""
             seen: dict[tuple, int] = {}
@@ -334,6 +355,8 @@ class TaskRun:
                     num_fewshot=config.num_fewshot, fewshot_random_seed=config.fewshot_seed,
                     bootstrap_iters=config.bootstrap_iters if scoring else 0, log_samples=scoring,
                     use_cache=None, cache_requests=False,
+                    apply_chat_template=config.apply_chat_template, system_instruction=config.system_instruction,
+                    fewshot_as_multiturn=config.fewshot_as_multiturn,
                 )
         except EvalgateError:
             raise
@@ -358,7 +381,7 @@ class TaskRun:
             "lm_eval": _lm_eval_version(),
             "settings": {"limit": self.prepared.config.limit, "num_fewshot": self.prepared.config.num_fewshot,
                          "fewshot_seed": self.prepared.config.fewshot_seed,
-                         "add_bos_token": self.prepared.config.add_bos_token},
+                         "add_bos_token": self.prepared.config.add_bos_token, **_chat_settings(self.prepared.config)},
             "tasks": {name: {"version": results.get("versions", {}).get(name),
                              "config": digest(_portable_config(cfg)), "data": digest(_data_hashes(cfg)),
                              "docs": digest(docs.get(name, {})), "n_docs": len(docs.get(name, {}))}
@@ -389,6 +412,15 @@ class TaskRun:
                     samples.append({"task": task, "doc_id": int(row["doc_id"]), "metric": f"{metric},{row.get('filter', 'none')}",
                                     "value": _finite(value), "request_keys": self.keys_by_doc.get((task, int(row["doc_id"])), [])})
         return scores, samples
+
+
+def _chat_settings(config) -> dict:
+    """The chat settings in the tasks' identity, only when used: suites without chat keep their fingerprint.
+    The template itself is `tokenizer` identity (fingerprint.py)."""
+    if config.apply_chat_template is False and config.system_instruction is None:
+        return {}
+    return {"apply_chat_template": config.apply_chat_template, "system_instruction": config.system_instruction,
+            "fewshot_as_multiturn": config.fewshot_as_multiturn}
 
 
 def _finite(value) -> float | None:

@@ -1,8 +1,11 @@
 """The prompts file and the requests a suite runs.
 
-A prompts file is JSONL: one `{"id", "prompt", optional "max_tokens", "metadata"}` object per line
-(docs/suite.md). Every mistake is a ConfigError naming the file and line. lm-eval tasks produce the same
-`Prompt` objects (evalgate/lmeval.py), with the scoring fields set.
+A prompts file is JSONL: one `{"id", "prompt", optional "max_tokens", "metadata"}` object per line, or a
+chat request: `messages` (OpenAI shape, role/content) instead of `prompt`, with optional
+`chat_template_kwargs` (docs/suite.md). The model's chat template turns messages into prompt ids
+(engines/base.py `Engine.encode_chat`; a server applies its own, `/v1/chat/completions`). Every mistake
+is a ConfigError naming the file and line. lm-eval tasks produce the same `Prompt` objects
+(evalgate/lmeval.py), with the scoring fields set.
 """
 
 from __future__ import annotations
@@ -11,11 +14,13 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .config import read_capped
 from .errors import ConfigError
 
-PROMPT_KEYS = {"id", "prompt", "max_tokens", "metadata"}
+PROMPT_KEYS = {"id", "prompt", "messages", "chat_template_kwargs", "max_tokens", "metadata"}
+CHAT_ROLES = ("system", "developer", "user", "assistant")
 # Request types: plain prompts are `generate`; lm-eval produces the other three (evalgate/lmeval.py).
 SCORING_TYPES = ("loglikelihood", "loglikelihood_rolling")
 # The prompts file is read into memory whole (docs/suite.md, "Limits").
@@ -39,6 +44,13 @@ class Prompt:
     continuation: str | None = None  # the scored text (loglikelihood)
     sampling: dict | None = None  # the task's generation settings, over the suite's [sampling]
     location: str | None = None  # "task.yaml doc 3", for reports
+    # Chat requests (a `messages` line): the conversation, rendered by the model's chat template.
+    messages: tuple[dict[str, str], ...] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def chat(self) -> list[dict[str, str]]:
+        """The conversation as the chat APIs take it."""
+        return [dict(m) for m in self.messages or ()]
 
 
 def max_prompts_bytes(path: Path) -> int:
@@ -91,7 +103,8 @@ def load_prompts(path: Path) -> list[Prompt]:
         if unknown:
             raise ConfigError(
                 f"{where}: unknown field(s) {', '.join(sorted(unknown))}",
-                fix="allowed: id, prompt, max_tokens, metadata (put anything else under `metadata`)",
+                fix="allowed: id, prompt or messages, chat_template_kwargs, max_tokens, metadata (put anything else under "
+                    "`metadata`)",
             )
         key = obj.get("id")
         if isinstance(key, bool) or not isinstance(key, (str, int)) or str(key) == "":
@@ -103,21 +116,63 @@ def load_prompts(path: Path) -> list[Prompt]:
         if key in seen:
             raise ConfigError(f"{where}: duplicate id {key!r} (first on line {seen[key]})", fix="make every id unique")
         seen[key] = lineno
-        prompt = obj.get("prompt")
-        if not isinstance(prompt, str) or prompt == "":
-            raise ConfigError(f"{where}: field `prompt` must be a non-empty string", fix="write the prompt text")
-        if "\x00" in prompt:
-            raise ConfigError(f"{where}: field `prompt` contains a NUL character", fix="remove NUL characters")
-        if _has_surrogate(prompt):  # not encodable as UTF-8: the tokenizer and the database would fail mid-run
-            raise ConfigError(f"{where}: field `prompt` contains an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)",
-                              fix="write the character itself, or a complete surrogate pair")
+        chat = "messages" in obj
+        if chat == ("prompt" in obj):
+            raise ConfigError(f"{where}: give either `prompt` (text) or `messages` (a chat), not "
+                              f"{'both' if chat else 'neither'}",
+                              fix='{"id": "q1", "prompt": "Hello"} or {"id": "q1", "messages": [{"role": "user", "content": "Hello"}]}')
+        messages = kwargs = None
+        if chat:
+            messages = _messages(obj["messages"], where)
+            prompt = json.dumps(list(messages), ensure_ascii=False)  # the request's text: its conversation
+            kwargs = obj.get("chat_template_kwargs")
+            if kwargs is not None and not isinstance(kwargs, dict):
+                raise ConfigError(f"{where}: field `chat_template_kwargs` must be a JSON object",
+                                  fix='e.g. "chat_template_kwargs": {"enable_thinking": false}')
+        else:
+            if "chat_template_kwargs" in obj:
+                raise ConfigError(f"{where}: field `chat_template_kwargs` is only for `messages` prompts",
+                                  fix="remove it, or write the prompt as `messages`")
+            prompt = _text(obj.get("prompt"), where, "prompt")
         max_tokens = obj.get("max_tokens")
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
             raise ConfigError(f"{where}: field `max_tokens` must be a positive integer", fix="fix or remove max_tokens")
-        prompts.append(Prompt(key=key, text=prompt, max_tokens=max_tokens, line=lineno))
+        prompts.append(Prompt(key=key, text=prompt, max_tokens=max_tokens, line=lineno, messages=messages,
+                              chat_template_kwargs=kwargs))
     if not prompts:
         raise ConfigError(f"{path}: prompts file is empty", fix='add lines like {"id": "p1", "prompt": "Hello"}')
     return prompts
+
+
+def _text(value, where: str, field: str, *, empty: bool = False) -> str:
+    if not isinstance(value, str) or (value == "" and not empty):
+        raise ConfigError(f"{where}: field `{field}` must be a {'' if empty else 'non-empty '}string", fix="write the text")
+    if "\x00" in value:
+        raise ConfigError(f"{where}: field `{field}` contains a NUL character", fix="remove NUL characters")
+    if _has_surrogate(value):  # not encodable as UTF-8: the tokenizer and the database would fail mid-run
+        raise ConfigError(f"{where}: field `{field}` contains an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)",
+                          fix="write the character itself, or a complete surrogate pair")
+    return value
+
+
+def _messages(value, where: str) -> tuple[dict[str, str], ...]:
+    """A chat in the OpenAI shape: a non-empty list of {"role", "content"} objects with text content."""
+    example = '[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]'
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}: field `messages` must be a non-empty list of {{\"role\", \"content\"}} objects",
+                          fix=f"e.g. \"messages\": {example}")
+    messages = []
+    for n, message in enumerate(value):
+        at = f"`messages[{n}]`"
+        if not isinstance(message, dict) or set(message) != {"role", "content"}:
+            got = sorted(message) if isinstance(message, dict) else type(message).__name__
+            raise ConfigError(f"{where}: {at} must be an object with exactly `role` and `content` (got {got})",
+                              fix=f"e.g. \"messages\": {example}")
+        if message["role"] not in CHAT_ROLES:
+            raise ConfigError(f"{where}: {at}.role is {message['role']!r}", fix=f"use one of {', '.join(CHAT_ROLES)}")
+        content = _text(message["content"], where, f"messages[{n}].content", empty=message["role"] == "assistant")
+        messages.append({"role": message["role"], "content": content})
+    return tuple(messages)
 
 
 def _has_surrogate(text: str) -> bool:

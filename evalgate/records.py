@@ -93,3 +93,16 @@ class Completion:
             [[t for t in row if t != -1] for row in rows_ids],
             [[v for t, v in zip(ri, rl) if t != -1] for ri, rl in zip(rows_ids, rows_lps)],
         )
+
+
+def rank_top(entries, k: int) -> tuple[list[int], list[float]]:
+    """The top-k of one position as recorded: (token id, logprob) pairs, each id once, by logprob
+    descending and, between exactly equal logprobs, by token id. Engines break such ties in whatever
+    order their top-k kernel returns them (two processes on one model were seen to differ), so the
+    record never depends on it."""
+    best: dict[int, float] = {}
+    for token_id, logprob in entries:
+        best.setdefault(int(token_id), float(logprob))
+    ranked = sorted(best.items(), key=lambda item: (-item[1], item[0]))[:k]
+    return [t for t, _ in ranked], [lp for _, lp in ranked]
+

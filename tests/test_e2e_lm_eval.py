@@ -115,7 +115,6 @@ def test_changed_model_moves_metrics_and_is_explained(workspace, cli_env):
     builder("build-model", ws / "model", "--preset", "arith", "--steps", "150", check=0)
     try:
         cli("check", ws / "evalgate.toml", "--json-report", root / "model.json", check=0)
-        cli("check", ws / "evalgate.toml", "--strict", check=1)  # an explained change fails under --strict
     finally:
         shutil.rmtree(ws / "model")
         shutil.copytree(saved, ws / "model")

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import db_baselines, db_runs, read_json
-from evalgate.engines.openai_api import ApiClient, RequestFailed, _ranked_top
+from evalgate.engines.openai_api import ApiClient, RequestFailed
+from evalgate.records import rank_top
 from evalgate.engines.vllm_server import cli_flags
 from evalgate.errors import ConfigError
 from evalgate.suite import load_suite
@@ -223,10 +224,14 @@ def test_cli_flags():
 
 def test_top_k_rank_order_restored():
     # vLLM writes the sampled token first, then the rest of the top-k in rank order
-    assert _ranked_top([(7, -1.0), (3, -0.5), (9, -2.0)], 7, 3) == ([3, 7, 9], [-0.5, -1.0, -2.0])
-    assert _ranked_top([(7, -0.5), (3, -0.6), (9, -2.0)], 7, 2) == ([7, 3], [-0.5, -0.6])
+    assert rank_top([(7, -1.0), (3, -0.5), (9, -2.0)], 3) == ([3, 7, 9], [-0.5, -1.0, -2.0])
+    assert rank_top([(7, -0.5), (3, -0.6), (9, -2.0)], 2) == ([7, 3], [-0.5, -0.6])
     # sampled outside the top-k (k + 1 entries): it falls off the end
-    assert _ranked_top([(7, -5.0), (3, -0.5), (9, -2.0)], 7, 2) == ([3, 9], [-0.5, -2.0])
+    assert rank_top([(7, -5.0), (3, -0.5), (9, -2.0)], 2) == ([3, 9], [-0.5, -2.0])
+    # exactly equal logprobs: by token id, whatever order the engine's top-k kernel returned them in
+    # (measured: SmolLM2 bf16, in process [905, 1838] and through the server [1838, 905])
+    assert rank_top([(407, -0.1), (1838, -0.9), (905, -0.9)], 3) == ([407, 905, 1838], [-0.1, -0.9, -0.9])
+    assert rank_top([(7, -0.5), (7, -0.5), (3, -0.6)], 3) == ([7, 3], [-0.5, -0.6])  # each id once
 
 
 # --- the HTTP client: retries and backoff -------------------------------------------------------------------

@@ -326,7 +326,7 @@ def test_duplicate_ids_int_and_string(tmp_path):
 
 @pytest.mark.parametrize("line, needle", [
     (b'{"id": "a", "prompt": ""}', "field `prompt` must be a non-empty string"),
-    (b'{"id": "a"}', "field `prompt` must be a non-empty string"),
+    (b'{"id": "a"}', "give either `prompt` (text) or `messages` (a chat), not neither"),
     (b'{"id": "a", "prompt": 5}', "field `prompt` must be a non-empty string"),
     (b'{"id": "a", "prompt": "nul \\u0000 here"}', "NUL"),
     (b'{"id": "", "prompt": "x"}', "field `id`"),
@@ -338,10 +338,33 @@ def test_duplicate_ids_int_and_string(tmp_path):
     (b'["a", "x"]', "expected a JSON object"),
     (b'{"id": "a", "prompt": "x",}', "invalid JSON"),
     (b'{"id": "a", "prompt": "caf\xe9"}', "not UTF-8"),
+    (b'{"id": "a", "prompt": "x", "messages": [{"role": "user", "content": "x"}]}', "not both"),
+    (b'{"id": "a", "messages": "hello"}', "field `messages` must be a non-empty list"),
+    (b'{"id": "a", "messages": []}', "field `messages` must be a non-empty list"),
+    (b'{"id": "a", "messages": ["hello"]}', "`messages[0]` must be an object with exactly `role` and `content`"),
+    (b'{"id": "a", "messages": [{"role": "user"}]}', "`messages[0]` must be an object with exactly `role` and `content`"),
+    (b'{"id": "a", "messages": [{"role": "user", "content": "x", "name": "n"}]}', "exactly `role` and `content`"),
+    (b'{"id": "a", "messages": [{"role": "robot", "content": "x"}]}', "`messages[0]`.role is 'robot'"),
+    (b'{"id": "a", "messages": [{"role": "user", "content": 5}]}', "field `messages[0].content` must be a non-empty string"),
+    (b'{"id": "a", "messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": [1]}',
+     "field `chat_template_kwargs` must be a JSON object"),
+    (b'{"id": "a", "prompt": "x", "chat_template_kwargs": {}}', "only for `messages` prompts"),
 ])
 def test_bad_prompt_line(tmp_path, line, needle):
     msg = prompts_error(tmp_path, b'{"id": "ok", "prompt": "fine"}\n' + line + b"\n")
     assert f"{tmp_path / 'prompts.jsonl'}:2" in msg and needle in msg
+
+
+def test_chat_prompts_keep_their_conversation_and_template_arguments(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"id": "c", "messages": [{"role": "system", "content": "Be brief."},
+                                                        {"role": "user", "content": "Hi"}],
+                                "chat_template_kwargs": {"enable_thinking": False}}) + "\n"
+                    + json.dumps({"id": "d", "messages": [{"role": "user", "content": "Hi"}]}) + "\n")
+    chat, plain_kwargs = load_prompts(path)
+    assert chat.chat() == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert chat.chat_template_kwargs == {"enable_thinking": False} and plain_kwargs.chat_template_kwargs is None
+    assert json.loads(chat.text) == chat.chat()  # stored and reported as its conversation
 
 
 def test_invalid_json_reports_column(tmp_path):

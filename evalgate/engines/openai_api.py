@@ -30,7 +30,7 @@ from ..errors import ConfigError, EngineError
 from ..fingerprint import component
 from ..hashing import digest
 from ..prompts import SCORING_TYPES, Prompt
-from ..records import Completion
+from ..records import Completion, rank_top
 from .base import COMMON_KEYS, Engine, EngineConfig, request_salt
 
 if TYPE_CHECKING:
@@ -406,13 +406,23 @@ class OpenAIEngine(Engine):
     # -- requests --
 
     def encode(self, text: str) -> list[int]:
-        return self.loop.run(self._tokenize(text))
+        return self.loop.run(self._tokenize({"prompt": text}, config.short(text, 60)))
 
-    async def _tokenize(self, text: str) -> list[int]:
+    def encode_chat(self, prompt: Prompt) -> list[int]:
+        """The server's own rendering of the chat (its template), as /v1/chat/completions will run it."""
+        body: dict[str, Any] = {"messages": prompt.chat(), "add_generation_prompt": True}
+        if prompt.chat_template_kwargs:
+            body["chat_template_kwargs"] = prompt.chat_template_kwargs
+        return self.loop.run(self._tokenize(body, f"the messages of prompt {prompt.key!r}"))
+
+    async def _tokenize(self, body: dict, what: str) -> list[int]:
         try:
-            out = await self.client.call("POST", "/tokenize", {"model": self.served_model, "prompt": text})
+            out = await self.client.call("POST", "/tokenize", {"model": self.served_model, **body})
         except RequestFailed as exc:
-            raise EngineError(f"tokenizing {config.short(text, 60)} on the server failed: {exc.reason}") from None
+            if exc.status == 400 and "messages" in body:  # the template refused them: the user's input
+                raise ConfigError(f"the server's chat template refused {what}: {exc.reason}",
+                                  fix="change the messages to what the model's chat template accepts") from None
+            raise EngineError(f"tokenizing {what} on the server failed: {exc.reason}") from None
         return list(out["tokens"])
 
     @property
@@ -444,10 +454,10 @@ class OpenAIEngine(Engine):
             completion.token_texts = [self._texts.get(t, "") for t in completion.output_ids]
         return results
 
-    async def _completion(self, body: dict, key: str) -> dict:
+    async def _completion(self, body: dict, key: str, route: str = "/v1/completions") -> dict:
         body = {"model": self.served_model, **body, "return_token_ids": True}
         try:
-            response = await self.client.call("POST", "/v1/completions", body)
+            response = await self.client.call("POST", route, body)
         except RequestFailed as exc:
             if exc.status == 401:
                 raise ConfigError(f"{self.base_url}: the server refused the API key (HTTP 401)",
@@ -477,13 +487,21 @@ class OpenAIEngine(Engine):
                 return _scored(prompt, windows, k)
             finally:
                 self.client.stats.client_seconds += time.perf_counter() - t0
-        body = {**sampling, **salt}
-        body["prompt"] = list(prompt.prompt_ids) if prompt.prompt_ids is not None else prompt.text
-        body["return_tokens_as_token_ids"] = True  # top-k keyed by id: decoded texts can collide
-        response = await self._completion(body, prompt.key)
+        body = {**sampling, **salt, "return_tokens_as_token_ids": True}  # top-k keyed by id: texts can collide
+        if prompt.messages is not None and prompt.prompt_ids is None:
+            # the server renders the chat with its own template and returns the ids it ran
+            body.update(messages=prompt.chat(), logprobs=True, top_logprobs=k)
+            if prompt.chat_template_kwargs:
+                body["chat_template_kwargs"] = prompt.chat_template_kwargs
+            response = await self._completion(body, prompt.key, "/v1/chat/completions")
+            parse = _chat_completion
+        else:
+            body["prompt"] = list(prompt.prompt_ids) if prompt.prompt_ids is not None else prompt.text
+            response = await self._completion(body, prompt.key)
+            parse = _completion
         t0 = time.perf_counter()
         try:
-            return _completion(prompt, response, k)
+            return parse(prompt, response, k)
         finally:
             self.client.stats.client_seconds += time.perf_counter() - t0
 
@@ -581,20 +599,6 @@ def _token_id(label: str) -> int:
     return int(label.rsplit(":", 1)[1])
 
 
-def _ranked_top(entries: list[tuple[int, float]], sampled: int, k: int) -> tuple[list[int], list[float]]:
-    """The top-k in rank order from the completions API's top_logprobs object. vLLM writes the sampled
-    token first, then the top-k in rank order (the sampled token once, where it first appears); the
-    sampled token goes back to its rank position: before the first entry with a lower logprob."""
-    first = [e for e in entries if e[0] == sampled]
-    others = [e for e in entries if e[0] != sampled]
-    if first:
-        lp = first[0][1]
-        at = next((i for i, (_, v) in enumerate(others) if v < lp), len(others))
-        others.insert(at, first[0])
-    others = others[:k]
-    return [t for t, _ in others], [v for _, v in others]
-
-
 def _completion(prompt: Prompt, response: dict, k: int) -> Completion:
     choice = response["choices"][0]
     ids = [int(t) for t in choice.get("token_ids") or []]
@@ -605,7 +609,7 @@ def _completion(prompt: Prompt, response: dict, k: int) -> Completion:
     for token_id, lp, top in zip(ids, block.get("token_logprobs") or [], block.get("top_logprobs") or []):
         logprobs.append(float(lp))
         entries = [(_token_id(label), float(value)) for label, value in (top or {}).items()]
-        row_ids, row_lps = _ranked_top(entries, token_id, k)
+        row_ids, row_lps = rank_top(entries, k)
         top_ids.append(row_ids)
         top_lps.append(row_lps)
     if len(logprobs) != len(ids):
@@ -614,6 +618,31 @@ def _completion(prompt: Prompt, response: dict, k: int) -> Completion:
         key=prompt.key, prompt_ids=[int(t) for t in choice.get("prompt_token_ids") or []], output_ids=ids,
         logprobs=logprobs, top_ids=top_ids, top_logprobs=top_lps, token_texts=[], text=choice.get("text") or "",
         finish_reason=str(choice.get("finish_reason")), cached_tokens=cached_tokens([response]),
+    )
+
+
+def _chat_completion(prompt: Prompt, response: dict, k: int) -> Completion:
+    """A chat request's record: `/v1/chat/completions` with `return_token_ids` (the templated prompt ids
+    and the output ids) and `logprobs` keyed by token id; the same fields as a completion's."""
+    choice = response["choices"][0]
+    ids = [int(t) for t in choice.get("token_ids") or []]
+    content = (choice.get("logprobs") or {}).get("content") or []
+    if len(content) != len(ids):
+        raise EngineError(f"request {prompt.key!r}: the server returned {len(ids)} tokens but {len(content)} logprobs")
+    logprobs: list[float] = []
+    top_ids: list[list[int]] = []
+    top_lps: list[list[float]] = []
+    for token_id, position in zip(ids, content):
+        logprobs.append(float(position["logprob"]))
+        entries = [(_token_id(e["token"]), float(e["logprob"])) for e in position.get("top_logprobs") or []]
+        row_ids, row_lps = rank_top(entries, k)
+        top_ids.append(row_ids)
+        top_lps.append(row_lps)
+    return Completion(
+        key=prompt.key, prompt_ids=[int(t) for t in response.get("prompt_token_ids") or []], output_ids=ids,
+        logprobs=logprobs, top_ids=top_ids, top_logprobs=top_lps, token_texts=[],
+        text=(choice.get("message") or {}).get("content") or "", finish_reason=str(choice.get("finish_reason")),
+        cached_tokens=cached_tokens([response]),
     )
 
 
@@ -637,9 +666,9 @@ def _scored(prompt: Prompt, windows: list[dict], k: int) -> Completion:
             position = {int(t): v for t, v in (positions[len(context) + offset] or {}).items()}
             ids.append(token_id)
             logprobs.append(float(position[token_id]["logprob"]))
-            ranked = sorted(position.items(), key=lambda item: (item[1]["rank"], item[0]))[:k]
-            top_ids.append([t for t, _ in ranked])
-            top_lps.append([float(v["logprob"]) for _, v in ranked])
+            row_ids, row_lps = rank_top(((int(t), v["logprob"]) for t, v in position.items()), k)
+            top_ids.append(row_ids)
+            top_lps.append(row_lps)
     first = windows[0]["choices"][0] if windows else {}
     return Completion(
         key=prompt.key, prompt_ids=[int(t) for t in first.get("prompt_token_ids") or []], output_ids=ids,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError, EngineError, MissingDependency
 from ..fingerprint import env_snapshot
 from ..prompts import SCORING_TYPES, Prompt
-from ..records import Completion
+from ..records import Completion, rank_top
 from .base import INVARIANCE_PLATFORMS, Engine, arrange_batch_invariance, request_salt
 
 if TYPE_CHECKING:
@@ -169,8 +169,10 @@ class VllmOfflineEngine(Engine):
                     params.append(sampling)
                     owner.append(i)
             else:
-                inputs.append({"prompt_token_ids": list(p.prompt_ids)} if p.prompt_ids is not None else {"prompt": p.text})
-                inputs[-1].update(salt)
+                if p.prompt_ids is None and p.messages is None:
+                    inputs.append({"prompt": p.text, **salt})
+                else:
+                    inputs.append({"prompt_token_ids": self.tokenize(p), **salt})
                 params.append(sampling)
                 owner.append(i)
         try:
@@ -237,8 +239,7 @@ def _invariance_active() -> bool:
 
 
 def _ranked(position: dict, k: int) -> tuple[list[int], list[float]]:
-    ranked = sorted(position.items(), key=lambda item: (item[1].rank, item[0]))[:k]
-    return [tid for tid, _ in ranked], [float(lp.logprob) for _, lp in ranked]
+    return rank_top(((token_id, lp.logprob) for token_id, lp in position.items()), k)
 
 
 def _scored(prompt: Prompt, request_outputs: list, k: int, tokenizer) -> Completion:
