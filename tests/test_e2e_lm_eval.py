@@ -33,7 +33,10 @@ def workspace(tmp_path_factory, arith_model, cli_env):
     shutil.copytree(EXAMPLE / "tasks", ws / "tasks")
     shutil.copy(EXAMPLE / "prompts.jsonl", ws / "prompts.jsonl")
     shutil.copytree(arith_model, ws / "model")
-    (ws / "evalgate.toml").write_text((EXAMPLE / "evalgate.toml").read_text(encoding="utf-8"), encoding="utf-8")
+    # the example as shipped, less its shuffled pass (a pass over every request of three tasks, per run)
+    example = (EXAMPLE / "evalgate.toml").read_text(encoding="utf-8")
+    assert "shuffles = 1" in example
+    (ws / "evalgate.toml").write_text(example.replace("shuffles = 1", "shuffles = 0"), encoding="utf-8")
     elsewhere = root / "cwd"
     elsewhere.mkdir()
     cli = CLI(cli_env, elsewhere)

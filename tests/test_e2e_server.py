@@ -127,12 +127,13 @@ def _throughput(passes: list[dict]) -> str:
 
 
 def test_vllm_server_create_then_check(cli, tmp_path, tiny_model):
-    suite = serving_suite(tmp_path / "ws", tiny_model, PROMPTS, concurrency=(1, 8))
+    prompts = PROMPTS[:8]
+    suite = serving_suite(tmp_path / "ws", tiny_model, prompts, concurrency=(1, 8), max_tokens=8)
     cli.env = _env(cli.env)
     cli("baseline", "create", suite, check=0)
     checked = cli("check", suite, "--json-report", tmp_path / "check.json", check=0)
     report = read_json(tmp_path / "check.json")
-    assert report["status"] == "pass" and report["counts"]["stable"] == len(PROMPTS)
+    assert report["status"] == "pass" and report["counts"]["stable"] == len(prompts)
     assert report["changed_components"] == []  # a new port and a new server: same identity
     assert "NOT in force" in checked.stdout
     db = database_url(suite)

@@ -102,7 +102,7 @@ def test_conversion_is_byte_identical_and_a_plain_hf_directory(tmp_path, smollm2
 
 
 def chat_suite(directory: Path, model: Path, *, engine: str | None = None) -> Path:
-    """CHATS plus lm-eval's arithmetic task through the chat template (three documents, two shots)."""
+    """CHATS plus lm-eval's arithmetic task through the chat template (two documents, two shots)."""
     tasks = directory / "tasks"
     tasks.mkdir(parents=True, exist_ok=True)
     for name in ("arith.yaml", "arith.jsonl"):
@@ -113,7 +113,7 @@ def chat_suite(directory: Path, model: Path, *, engine: str | None = None) -> Pa
     if engine is not None:
         start, end = text.index("[engine]"), text.index("[sampling]")
         text = text[:start] + "[engine]\n" + engine + "\n\n" + text[end:]
-    suite.write_text(text + '\n[lm_eval]\ninclude_path = ["tasks"]\ntasks = ["evalgate_arith"]\nlimit = 3\n'
+    suite.write_text(text + '\n[lm_eval]\ninclude_path = ["tasks"]\ntasks = ["evalgate_arith"]\nlimit = 2\n'
                             'num_fewshot = 2\napply_chat_template = true\nsystem_instruction = "Answer with a number."\n')
     return suite
 
@@ -146,7 +146,7 @@ def test_chat_suite_on_the_real_model(cli, tmp_path, smollm2):
     suite = chat_suite(tmp_path / "ws", model)
     cli("baseline", "create", suite, "--json-report", tmp_path / "create.json", check=0)
     cli("check", suite, "--json-report", tmp_path / "check.json", check=0)
-    assert read_json(tmp_path / "check.json")["counts"]["stable"] == len(CHATS) + 3
+    assert read_json(tmp_path / "check.json")["counts"]["stable"] == len(CHATS) + 2
 
     # the prompt ids are the chat template's (tokenized by transformers here, independently of evalgate)
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2))
@@ -162,7 +162,7 @@ def test_chat_suite_on_the_real_model(cli, tmp_path, smollm2):
 
     # lm-eval built the task's requests through the chat template, with the system instruction, and scored them
     lm_eval_prompts = [p for k, p in db_query(url, "select key, prompt from requests where run_id = 1") if "/" in k]
-    assert len(lm_eval_prompts) == 3
+    assert len(lm_eval_prompts) == 2
     assert all(p.startswith("<|im_start|>system\nAnswer with a number.<|im_end|>") and "<|im_start|>assistant" in p
                for p in lm_eval_prompts)
     scores = db_query(url, "select task, metric, value from scores where run_id = 1")
