@@ -18,6 +18,7 @@ The child also asks for SIGTERM when its parent dies, so a killed evalgate never
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import queue as queue_module
@@ -189,8 +190,6 @@ def _child_main(job, kwargs: dict, messages, env: dict[str, str | None] | None =
     # Exit without the interpreter's teardown of torch's and vLLM's module graph (seconds per run, measured
     # 4 s of a 6.6 s exit): the exit handlers still run (a vllm-server engine stops its server there, vLLM
     # its engine-core processes), then the process ends and returns its memory at once.
-    import atexit
-
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

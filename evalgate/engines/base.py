@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar, MutableMapping
 
 from .. import config
+from ..errors import ConfigError
 from ..prompts import SCORING_TYPES, Prompt
 from ..records import Completion
 
@@ -84,8 +85,6 @@ class Engine:
         """Token ids of a chat request, as vLLM's chat API renders them: the tokenizer's chat template with
         the generation prompt (and the request's `chat_template_kwargs`), then tokenized adding no special
         tokens (the template writes them)."""
-        from ..errors import ConfigError
-
         where = f"prompt {prompt.key!r}"
         if not getattr(self.tokenizer, "chat_template", None):
             raise ConfigError(f"{where}: a `messages` prompt, but the model's tokenizer has no chat template",
