@@ -25,5 +25,10 @@ test-fast: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# The gate at GPU speed (issue "a check that costs little more than one crowded pass"): the store's write,
+# load+compare and size; the rotating preset's findings and engine time against the full schedule's; and
+# `evalgate check` against raw vLLM doing the same passes. Each prints its figures side by side, as ratios.
 bench: setup
-	$(VENV)/bin/python benchmarks/check_overhead.py
+	$(VENV)/bin/python benchmarks/store_speed.py
+	$(VENV)/bin/python benchmarks/rotation_speed.py --rotation 8 16
+	$(VENV)/bin/python benchmarks/check_vs_raw.py

@@ -16,7 +16,7 @@ from .runner import Progress, Timings
 from .scores import compare_scores, task_changes
 from .shard import Shard
 from .store import Run, Store, existing_store, open_store
-from .schedule import Schedule, with_overrides
+from .schedule import ROTATING, Schedule, with_overrides
 from .suite import Suite
 from .verdict import Report, judge
 from .worker import run_in_worker
@@ -37,6 +37,9 @@ def _judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: 
         report = judge(current, baseline, kind=kind, strict=strict, in_scope=in_scope)
         report.metrics = compare_scores(store, run_id, baseline_run_id, {v.key: v.verdict for v in report.verdicts})
         report.task_changes = task_changes(baseline.fingerprint, current.fingerprint) if baseline else {}
+        schedule = current.run.schedule or {}
+        if schedule.get("preset") == ROTATING:
+            report.alone_coverage = store.alone_coverage(current.run, schedule["rotation"])
         report.promoted = promote_if(report)
         log = current.run.engine_log
         report.engine_log = log if log and os.path.isfile(log) else None

@@ -1,33 +1,59 @@
-"""Token-level records of one request in one pass, and their compact storage encoding (**contract**).
+"""Token-level records of one request in one pass, and their storage encodings (**contract**,
+docs/storage.md).
 
-Encoding (docs/storage.md): output ids are little-endian int32; the sampled token's logprob at each
-position is a little-endian IEEE-754 float64 (vLLM's logprobs are float32 widened to Python floats, so
-float64 keeps every bit); top-k is k ids (int32) and k logprobs (float64) per position, rank order, padded
-with id -1 / -inf. `digest` is SHA-256 over b"ids" + ids + b"lp" + logprobs: equal digests mean equal ids
-and equal logprob bits, so comparisons run on digests without unpacking.
+- `digest`: SHA-256 over b"ids" + ids (int32 LE) + b"lp" + logprobs (float64 LE, the sampled token's
+  logprob at each position). Equal digests mean equal ids and equal logprob bits, so comparisons decide on
+  digests and unpack only outputs whose digests differ. vLLM's logprobs are float32 widened to Python
+  floats, so float64 keeps every bit of any engine's values.
+- `payload`: everything else the store keeps of an output (ids, logprobs, top-k, texts) in one
+  content-addressed blob (`encode_payload`), stored once however many passes and runs produced it. It
+  is lossless: ids exact, logprob bits exact (float32 only when every value is exactly a float32).
+- Prompt ids (and the outputs of schema revisions before 0009): little-endian int32 / float64 arrays.
 """
 
 from __future__ import annotations
 
+import array
 import hashlib
+import json
 import struct
+import sys
 from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import chain
+
+_SWAP = sys.byteorder != "little"  # the encodings are little-endian; array is native
+
+
+def _to_bytes(a: array.array) -> bytes:
+    if _SWAP:
+        a = array.array(a.typecode, a)
+        a.byteswap()
+    return a.tobytes()
+
+
+def _from_bytes(typecode: str, blob: bytes) -> array.array:
+    a = array.array(typecode)
+    a.frombytes(blob)
+    if _SWAP:
+        a.byteswap()
+    return a
 
 
 def pack_ids(ids: list[int]) -> bytes:
-    return struct.pack(f"<{len(ids)}i", *ids)
+    return _to_bytes(array.array("i", ids))
 
 
 def unpack_ids(blob: bytes) -> list[int]:
-    return list(struct.unpack(f"<{len(blob) // 4}i", blob))
+    return _from_bytes("i", blob).tolist()
 
 
 def pack_floats(values: list[float]) -> bytes:
-    return struct.pack(f"<{len(values)}d", *values)
+    return _to_bytes(array.array("d", values))
 
 
 def unpack_floats(blob: bytes) -> list[float]:
-    return list(struct.unpack(f"<{len(blob) // 8}d", blob))
+    return _from_bytes("d", blob).tolist()
 
 
 def output_digest(ids_blob: bytes, logprobs_blob: bytes) -> str:
@@ -93,6 +119,131 @@ class Completion:
             [[t for t in row if t != -1] for row in rows_ids],
             [[v for t, v in zip(ri, rl) if t != -1] for ri, rl in zip(rows_ids, rows_lps)],
         )
+
+
+PAYLOAD_VERSION = 1
+# id type, float type, whether top-k rows are ragged, whether `text` is the token texts joined (then not
+# stored), ids, logprobs, top-k rows, k
+_PAYLOAD_HEADER = struct.Struct("<cc??IIII")
+
+
+def _payload_body(c: Completion) -> bytes:
+    lengths = list(map(len, c.top_ids))
+    k = max(lengths, default=0)
+    ragged = lengths.count(k) != len(lengths)
+    if ragged:  # pad each row to k; the row lengths are recorded
+        top_ids = [t for row in c.top_ids for t in (*row, *[0] * (k - len(row)))]
+        top_lps = [v for row in c.top_logprobs for v in (*row, *[0.0] * (k - len(row)))]
+    else:
+        top_ids, top_lps = chain.from_iterable(c.top_ids), chain.from_iterable(c.top_logprobs)
+    try:  # 16-bit ids when every id fits (vocabularies up to 65,536 tokens)
+        ids = array.array("H", c.output_ids)
+        ids.extend(top_ids)
+    except OverflowError:
+        ids = array.array("i", c.output_ids)
+        ids.extend(chain.from_iterable(c.top_ids) if not ragged else top_ids)
+    values = [*c.logprobs, *top_lps]
+    floats = array.array("f", values)
+    # float32 when it holds every value exactly (vLLM's logprobs are float32). Rounding keeps the sign of
+    # zero, and a NaN compares unequal (so it keeps its float64 bits): equal values are equal bits.
+    if floats.tolist() != values:
+        floats = array.array("d", values)
+    joined = c.text == "".join(c.token_texts)
+    return b"".join((
+        _PAYLOAD_HEADER.pack(ids.typecode.encode(), floats.typecode.encode(), ragged, joined, len(c.output_ids),
+                             len(c.logprobs), len(lengths), k),
+        _to_bytes(ids), _to_bytes(floats), _to_bytes(array.array("H", lengths)) if ragged else b"",
+        json.dumps(c.token_texts if joined else [c.text, c.token_texts]).encode(),
+    ))
+
+
+def encode_payload(c: Completion) -> tuple[str, bytes]:
+    """(payload hash, blob). The blob: a version byte, a header, the ids then the top-k ids (16-bit when
+    every id fits), the logprobs then the top-k logprobs (float32 when every value is exactly one), each
+    top-k row's length if they differ, and the JSON of the token texts (with the text, when it is not the
+    token texts joined). The hash is SHA-256 of the blob."""
+    blob = bytes([PAYLOAD_VERSION]) + _payload_body(c)
+    return hashlib.sha256(blob).hexdigest(), blob
+
+
+def same_payload(a: Completion, b: Completion) -> bool:
+    """Whether two completions have the same payload, without encoding either (a pass that repeats an
+    earlier one's output). Equal digests give equal ids and logprob bits; list equality settles the rest,
+    except that it takes 0.0 for -0.0 (and a NaN for itself only when it is the same object, which has
+    the same bits): a top-k with a zero logprob is left to the encoding."""
+    return (a.digest == b.digest and a.top_ids == b.top_ids and a.top_logprobs == b.top_logprobs
+            and a.token_texts == b.token_texts and a.text == b.text
+            and not any(0.0 in row for row in a.top_logprobs))
+
+
+def decode_payload(blob: bytes) -> tuple[list[int], list[float], list[list[int]], list[list[float]], list[str], str]:
+    """(output ids, logprobs, top ids, top logprobs, token texts, text) of an `encode_payload` blob."""
+    if blob[0] != PAYLOAD_VERSION:
+        raise ValueError(f"output payload version {blob[0]} is unknown to this evalgate (it knows {PAYLOAD_VERSION})")
+    id_code, lp_code, ragged, joined, n_ids, n_lps, rows, k = _PAYLOAD_HEADER.unpack_from(blob, 1)
+    id_code, lp_code = id_code.decode(), lp_code.decode()
+    at = 1 + _PAYLOAD_HEADER.size
+
+    def take(typecode: str, count: int) -> list:
+        nonlocal at
+        end = at + count * array.array(typecode).itemsize
+        values = _from_bytes(typecode, blob[at:end]).tolist()
+        at = end
+        return values
+
+    ids, lps = take(id_code, n_ids + rows * k), take(lp_code, n_lps + rows * k)
+    lengths = take("H", rows) if ragged else [k] * rows
+    texts = json.loads(blob[at:])
+    text, token_texts = ("".join(texts), texts) if joined else texts
+    top_ids = [ids[n_ids + i * k : n_ids + i * k + n] for i, n in enumerate(lengths)]
+    top_lps = [lps[n_lps + i * k : n_lps + i * k + n] for i, n in enumerate(lengths)]
+    return ids[:n_ids], lps[:n_lps], top_ids, top_lps, token_texts, text
+
+
+class StoredCompletion(Completion):
+    """A completion read back from the store. Its place, digest and finish reason are there at once; its
+    tokens are fetched (`fetch_payload(payload_hash)` -> the blob) and decoded the first time anything reads
+    them, so comparing two runs whose digests agree never reads or unpacks a token."""
+
+    def __init__(self, key: str, payload_hash: str, fetch_payload, digest: str, finish_reason: str, *,
+                 pass_index: int, concurrency: int, wave: int, position: int, cached_tokens: int | None,
+                 prompt_ids_blob: bytes):
+        self.key, self.finish_reason, self._digest = key, finish_reason, digest
+        self.pass_index, self.concurrency, self.wave, self.position = pass_index, concurrency, wave, position
+        self.cached_tokens = cached_tokens
+        self.payload_hash, self._fetch_payload, self._prompt_ids_blob = payload_hash, fetch_payload, prompt_ids_blob
+
+    @cached_property
+    def _decoded(self):
+        return decode_payload(self._fetch_payload(self.payload_hash))
+
+    @cached_property
+    def prompt_ids(self) -> list[int]:
+        return unpack_ids(self._prompt_ids_blob)
+
+    @cached_property
+    def output_ids(self) -> list[int]:
+        return self._decoded[0]
+
+    @cached_property
+    def logprobs(self) -> list[float]:
+        return self._decoded[1]
+
+    @cached_property
+    def top_ids(self) -> list[list[int]]:
+        return self._decoded[2]
+
+    @cached_property
+    def top_logprobs(self) -> list[list[float]]:
+        return self._decoded[3]
+
+    @cached_property
+    def token_texts(self) -> list[str]:
+        return self._decoded[4]
+
+    @cached_property
+    def text(self) -> str:
+        return self._decoded[5]
 
 
 def rank_top(entries, k: int) -> tuple[list[int], list[float]]:

@@ -21,7 +21,7 @@ from .fingerprint import build_fingerprint
 from .probes import Wave, probe_waves
 from .prompts import SCORING_TYPES, Prompt
 from .records import Completion
-from .schedule import UNKNOWN, Pass, Schedule, plan_passes, waves
+from .schedule import ROTATING, UNKNOWN, Pass, Schedule, in_sample, plan_passes, waves
 from .store import Store
 from .suite import Suite
 
@@ -141,12 +141,14 @@ def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Sche
     start = time.perf_counter()
     prompt_ids = tokenize_prompts(suite, engine)
     fingerprint = build_fingerprint(suite, engine)
+    store = open_store(url)
+    if schedule.preset == ROTATING:
+        schedule = replace(schedule, turn=rotation_turn(store, suite.name))
     passes, not_run = plan_for(schedule, engine, suite, prompt_ids)
     # One salt per run: a server that outlives runs (kind `openai`) never serves a cold pass from an earlier run.
     salt = uuid.uuid4().hex[:16] if engine.salts_cache else None
     schedule_record = {**asdict(schedule), "passes": [p.to_dict() for p in passes], "not_run": not_run,
                        "cold_by": "cache_salt" if salt else None}
-    store = open_store(url)
     run_id = store.create_run(suite, kind, schedule_record, fingerprint, prompt_ids, **(labels or {}))
     if on_run:
         on_run(run_id)
@@ -160,6 +162,26 @@ def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Sche
             schedule_record["not_run"] += [{"pass": f"probe {p.probe}", "reason": reason} for p, reason in dropped]
             store.update_schedule(run_id, schedule_record)
     return run_id
+
+
+TURN_ENV = "EVALGATE_ROTATION_TURN"
+
+
+def rotation_turn(store: Store, suite_name: str) -> int:
+    """The rotating preset's turn: the number of earlier complete baseline and check runs of the suite in
+    this database, or $EVALGATE_ROTATION_TURN (for CI that does not keep the database between runs, e.g.
+    the CI system's run number)."""
+    given = os.environ.get(TURN_ENV)
+    if given is None:
+        return store.completed_runs(suite_name)
+    try:
+        turn = int(given)
+    except ValueError:
+        turn = -1
+    if turn < 0:
+        raise ConfigError(f"${TURN_ENV} is {given!r}, not a non-negative integer",
+                          fix="set it to the CI run number (e.g. ${{ github.run_number }}), or unset it")
+    return turn
 
 
 def plan_for(schedule: Schedule, engine: Engine, suite: Suite,
@@ -223,7 +245,7 @@ def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes:
     dropped: list[tuple[Pass, str]] = []
     by_key = {p.key: p for p in suite.prompts}
     keys = [p.key for p in suite.prompts]
-    total = len(keys) * len(passes)
+    total = sum(len(keys) if p.sample is None else sum(in_sample(k, p.sample) for k in keys) for p in passes)
     done = 0
     load = schedule.load
     first_pass: dict[str, Completion] = {}

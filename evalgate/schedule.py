@@ -11,6 +11,12 @@ difference between a pass and its reference names its cause. The default plan:
 - repeats: every cold pass again, against its first occurrence (factor `repeat`);
 - `shuffles` passes at the highest concurrency in a seeded order, against the given order (factor `order`).
 
+The `rotating` preset (`[schedule] preset = "rotating"`) costs little more than one crowded pass: pass 0
+runs every request at the highest concurrency; then only this turn's rotation slot (`rotation_slot`: a
+stable hash of the request key, modulo `rotation`) runs alone, cold (factor `batch_size`), and alone again
+with the cache warm (factor `prefix_cache`). The turn is the number of earlier complete runs of the suite,
+so every request runs alone once in every `rotation` consecutive runs.
+
 Cold means nothing of the request is cached: each request of a cold pass carries its own cache salt
 (`cache_salt`), which vLLM mixes into its block hashes; a hot pass reuses its reference's salts. A pass is
 split into waves of `concurrency` requests submitted together, which is what really changes batches.
@@ -19,6 +25,7 @@ split into waves of `concurrency` requests submitted together, which is what rea
 from __future__ import annotations
 
 import random
+import hashlib
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING
 
@@ -28,6 +35,8 @@ if TYPE_CHECKING:
     from .load import Load
 
 COLD, HOT, UNKNOWN = "cold", "hot", "unknown"
+FULL, ROTATING = "full", "rotating"
+PRESETS = (FULL, ROTATING)
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,9 @@ class Schedule:
     probes: tuple[str, ...] = ()  # targeted passes (evalgate/probes.py)
     needle_batch: int = 64  # the needle probe: fillers per wave
     needle_filler_tokens: int = 0  # the needle probe: tokens per filler; 0: half of max_model_len, at most 2048
+    preset: str = FULL  # full | rotating (the module docstring)
+    rotation: int = 16  # rotating: every request runs alone once in this many runs
+    turn: int = 0  # rotating: this run's turn (the runner sets it: earlier complete runs of the suite)
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,7 @@ class Pass:
     salt_of: int | None = None  # whose cache salts the requests carry (a hot pass: its reference's)
     probe: str | None = None  # the probe that added this pass (evalgate/probes.py)
     engine_args: str | None = None  # a probe's own engine: its settings over the suite's, as canonical JSON
+    sample: str | None = None  # "slot/rotation": only the requests of that rotation slot (rotating preset)
 
     @property
     def condition(self) -> tuple:
@@ -67,7 +80,8 @@ class Pass:
     def condition_label(self) -> str:
         order = "given order" if self.order_seed is None else f"shuffled (seed {self.order_seed})"
         probe = f", probe {self.probe}" if self.probe else ""
-        return f"concurrency {self.concurrency}, {order}, cache {self.cache}{probe}"
+        sample = f", rotation slot {self.sample}" if self.sample else ""
+        return f"concurrency {self.concurrency}, {order}, cache {self.cache}{probe}{sample}"
 
     @property
     def label(self) -> str:
@@ -104,8 +118,23 @@ def comparison_label(reference: Pass, other: Pass) -> str:
     return WORDS.get(other.factor, other.factor)
 
 
+def rotation_slot(key: str, rotation: int) -> int:
+    """The rotation slot of a request: stable across runs, machines and suite edits (a key's slot never
+    moves), so every request runs alone once in every `rotation` consecutive turns."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % rotation
+
+
+def in_sample(key: str, sample: str | None) -> bool:
+    if sample is None:
+        return True
+    slot, rotation = (int(n) for n in sample.split("/"))
+    return rotation_slot(key, rotation) == slot
+
+
 def plan_passes(schedule: Schedule, *, prefix_caching: bool | None = True) -> list[Pass]:
     """The passes of a run. `prefix_caching`: whether the engine caches prefixes (False: no hot pass)."""
+    if schedule.preset == ROTATING:
+        return plan_rotating(schedule, prefix_caching=prefix_caching)
     passes: list[Pass] = []
 
     def add(concurrency: int, repeat: int, order_seed: int | None = None, **condition) -> Pass:
@@ -130,6 +159,19 @@ def plan_passes(schedule: Schedule, *, prefix_caching: bool | None = True) -> li
     return passes
 
 
+def plan_rotating(schedule: Schedule, *, prefix_caching: bool | None = True) -> list[Pass]:
+    """Pass 0: every request at the highest concurrency, cold. Pass 1: this turn's slot alone (the lowest
+    concurrency), cold, against pass 0 (`batch_size`). Pass 2: the same requests alone with pass 1's
+    cache warm (`prefix_cache`), unless there is no hot pass."""
+    sample = f"{schedule.turn % schedule.rotation}/{schedule.rotation}"
+    crowded, alone = max(schedule.concurrency), min(schedule.concurrency)
+    passes = [Pass(0, crowded, 0, None, salt_of=0),
+              Pass(1, alone, 0, None, reference=0, factor="batch_size", salt_of=1, sample=sample)]
+    if schedule.hot_pass and prefix_caching is not False:
+        passes.append(Pass(2, alone, 0, None, cache=HOT, reference=1, factor="prefix_cache", salt_of=1, sample=sample))
+    return passes
+
+
 def passes_of(schedule_record: dict | None) -> list[Pass]:
     """The passes of a stored run. A run recorded before conditions (no `cache` field) is read as it ran:
     pass 0 cold, every later pass compared with pass 0, cache state unknown, factor unattributed."""
@@ -146,8 +188,9 @@ def passes_of(schedule_record: dict | None) -> list[Pass]:
 
 
 def waves(keys: list[str], pass_: Pass) -> list[list[str]]:
-    """The request keys of a pass, ordered and split into waves of `concurrency`."""
-    order = list(keys)
+    """The request keys of a pass (its rotation sample, if it has one), ordered and split into waves of
+    `concurrency`."""
+    order = [k for k in keys if in_sample(k, pass_.sample)]
     if pass_.order_seed is not None:
         random.Random(pass_.order_seed).shuffle(order)
     size = pass_.concurrency

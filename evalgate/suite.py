@@ -19,7 +19,7 @@ from .errors import ConfigError
 from .hashing import digest
 from .load import parse_load
 from .prompts import SCORING_TYPES, Prompt, load_prompts
-from .schedule import Schedule
+from .schedule import FULL, PRESETS, ROTATING, Schedule
 
 DEFAULT_DATABASE = "sqlite:///baselines/evalgate.sqlite"
 # Keys of [engine] that evalgate itself reads for every kind (each kind adds its own).
@@ -225,20 +225,39 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     sched_t = tables["schedule"]
     sec = f"{prefix}schedule."
     check_keys(sched_t, {"concurrency", "shuffles", "repeats", "seed", "hot_pass", "probes", "needle_batch",
-                         "needle_filler_tokens"}, where, sec)
+                         "needle_filler_tokens", "preset", "rotation"}, where, sec)
+    preset = typed(sched_t, "preset", str, where, sec, default=FULL)
+    if preset not in PRESETS:
+        raise fail(where, f"`{sec}preset` is {preset!r}", f"use one of {', '.join(map(repr, PRESETS))} (docs/conditions.md)")
     concurrency = typed(sched_t, "concurrency", list, where, sec, default=[1, 8])
     if not concurrency or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in concurrency):
         raise fail(where, f"`{sec}concurrency` must be a non-empty list of positive integers", "e.g. concurrency = [1, 8, 32]")
     schedule = Schedule(
         concurrency=tuple(concurrency),
-        shuffles=typed(sched_t, "shuffles", int, where, sec, default=1),
+        shuffles=typed(sched_t, "shuffles", int, where, sec, default=1 if preset == FULL else 0),
         repeats=typed(sched_t, "repeats", int, where, sec, default=1),
         seed=typed(sched_t, "seed", int, where, sec, default=0),
         hot_pass=typed(sched_t, "hot_pass", bool, where, sec, default=True),
         probes=parse_probes(sched_t.get("probes", []), where, sec),
         needle_batch=typed(sched_t, "needle_batch", int, where, sec, default=64),
         needle_filler_tokens=typed(sched_t, "needle_filler_tokens", int, where, sec, default=0),
+        preset=preset,
+        rotation=typed(sched_t, "rotation", int, where, sec, default=16),
     )
+    if "rotation" in sched_t and preset != ROTATING:
+        raise fail(where, f"`{sec}rotation` is a setting of the rotating preset", 'add `preset = "rotating"` or remove it')
+    if preset == ROTATING:
+        extra = [name for name, off in (("shuffles", 0), ("repeats", 1)) if getattr(schedule, name) != off]
+        if schedule.probes:
+            extra.append("probes")
+        if extra:
+            raise fail(where, f"`{sec}{extra[0]}` does not go with `preset = \"rotating\"`, which runs one crowded pass "
+                       "and a rotating sample alone", f"remove {', '.join(extra)}, or use preset = \"full\"")
+        if schedule.rotation < 1:
+            raise fail(where, f"`{sec}rotation` must be >= 1", "e.g. rotation = 16: every request alone once in 16 runs")
+        if len(set(schedule.concurrency)) < 2:
+            raise fail(where, f"`{sec}concurrency` needs two levels for the rotating preset (alone, crowded)",
+                       "e.g. concurrency = [1, 32]")
     if schedule.needle_batch < 1 or schedule.needle_filler_tokens < 0:
         raise fail(where, f"`{sec}needle_batch` must be >= 1 and `{sec}needle_filler_tokens` >= 0 (0: automatic)",
                    "e.g. needle_batch = 16, needle_filler_tokens = 256")

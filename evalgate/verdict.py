@@ -71,6 +71,8 @@ class Report:
     cache_hits: list = field(default_factory=list)  # per hot pass: requests served from the prefix cache
     baseline_pairs: list = field(default_factory=list)  # which baseline pass was compared with which pass
     not_run: list = field(default_factory=list)  # passes or probes the plan asked for that could not run, and why
+    # rotating preset: this run's requests that ran alone within the last `window` runs (store.alone_coverage)
+    alone_coverage: dict | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -111,12 +113,13 @@ class Report:
             "cache_hits": self.cache_hits,
             "baseline_pairs": self.baseline_pairs,
             "not_run": self.not_run,
+            "alone_coverage": self.alone_coverage,
         }
 
     def judged(self) -> dict:
         """What the judgement found about the run's factors, stored with the run (the HTML report reads it)."""
         return {"factors": self.factors, "cache_hits": self.cache_hits, "baseline_pairs": self.baseline_pairs,
-                "not_run": self.not_run}
+                "not_run": self.not_run, "alone_coverage": self.alone_coverage}
 
 
 def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check", strict: bool = False,

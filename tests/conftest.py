@@ -172,6 +172,28 @@ def _engine(url: str):
     return create_engine(url)
 
 
+def db_outputs(url: str, where: str, **params) -> list[dict]:
+    """The stored outputs matching `where` (SQL on `outputs`), decoded from their payloads, in storage
+    order: key, pass, ids, logprob bits, top-k ids and logprob bits, texts, digest, finish reason."""
+    from evalgate.records import decode_payload, pack_floats
+
+    rows = db_query(url, "select outputs.request_key, outputs.pass_index, outputs.digest, outputs.finish_reason, "
+                         "payloads.data from outputs join payloads on payloads.hash = outputs.payload_hash "
+                         f"where {where} order by outputs.id", **params)
+    decoded = []
+    for key, pass_index, digest, finish_reason, data in rows:
+        ids, lps, top_ids, top_lps, token_texts, text = decode_payload(bytes(data))
+        decoded.append({"key": key, "pass": pass_index, "ids": ids, "logprob_bits": pack_floats(lps),
+                        "top_ids": top_ids, "top_logprob_bits": [pack_floats(row) for row in top_lps],
+                        "token_texts": token_texts, "text": text, "digest": digest, "finish_reason": finish_reason})
+    return decoded
+
+
+def db_output_ids(url: str, where: str, **params) -> list[tuple[str, int, list[int]]]:
+    """(request key, pass, output ids) of the stored outputs matching `where`."""
+    return [(o["key"], o["pass"], o["ids"]) for o in db_outputs(url, where, **params)]
+
+
 def db_query(url: str, sql: str, **params) -> list[tuple]:
     """Rows of one read-only query on either backend."""
     engine = _engine(url)
@@ -202,7 +224,7 @@ def db_tables(url: str) -> set[str]:
 def write_suite(directory: Path, model: Path, prompts: list[str] | list[dict], *, dtype: str = "float32",
                 max_tokens: int = 16, concurrency=(1, 4, 16), shuffles: int = 1, extra_engine: str = "",
                 name: str = "test", database: str = SQLITE_IN_SUITE_DIR, kind: str = "vllm",
-                hot_pass: bool = True) -> Path:
+                hot_pass: bool = True, extra_schedule: str = "") -> Path:
     """A suite file plus its prompts file in `directory`; the model is referenced by absolute path; the
     store is `database` (the store_url fixture), by default evalgate.sqlite next to the suite file.
     `kind = "fake"`: the fake test engine (evalgate/engines/fake.py), for tests of evalgate's own plumbing."""
@@ -238,6 +260,7 @@ file = "prompts.jsonl"
 concurrency = {list(concurrency)}
 shuffles = {shuffles}
 hot_pass = {str(hot_pass).lower()}
+{extra_schedule}
 """, encoding="utf-8")
     return suite
 

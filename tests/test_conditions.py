@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import database_url, db_query, read_json, write_suite
+from conftest import database_url, db_output_ids, db_query, read_json, write_suite
 
 PROMPTS = [f"Question {i}: what follows the number {i}?" for i in range(6)]
 
@@ -86,9 +86,9 @@ def test_every_probe_runs_or_says_why_not(cli, tmp_path, tiny_model):
     # the prefix probe's requests were served partly from the cache its warmers filled
     assert db_query(db, "select min(cached_tokens) > 0 from outputs where pass_index = 6") == [(1,)]
     # prefill_decode re-scored pass 0's own output ids
-    rescored = dict(db_query(db, "select request_key, output_ids from outputs where pass_index = 7"))
-    decoded = dict(db_query(db, "select request_key, output_ids from outputs where pass_index = 0"))
-    assert rescored == decoded
+    rescored = {key: ids for key, _, ids in db_output_ids(db, "pass_index = 7")}
+    decoded = {key: ids for key, _, ids in db_output_ids(db, "pass_index = 0")}
+    assert rescored == decoded and all(decoded.values())
 
 
 @pytest.mark.parametrize("value, message", [

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, database_url, db_query, read_json, variance_prompts, write_suite
+from conftest import CLI, database_url, db_output_ids, db_query, read_json, variance_prompts, write_suite
 
 pytestmark = pytest.mark.e2e
 
@@ -134,11 +134,8 @@ def test_repro_pack_reproduces_the_recorded_divergence(recorded, cli_env, tmp_pa
     assert "evalgate" not in _imports(script) and _imports(script) >= {"vllm"}
     # expected vs observed are the stored outputs of the two passes, and the divergence the verdict named
     expected = read_json(out / "expected.json")
-    stored = {p: ids for p, ids in db_query(db, "select pass_index, output_ids from outputs where run_id = :r and "
-                                                "request_key = :k", r=run_id, k=key)}
-    def unpack(blob):
-        return list(memoryview(bytes(blob)).cast("i"))
-    assert expected["expected"]["token_ids"] == unpack(stored[0]) and expected["observed"]["token_ids"] == unpack(stored[1])
+    stored = {p: ids for _, p, ids in db_output_ids(db, "run_id = :r and request_key = :k", r=run_id, k=key)}
+    assert expected["expected"]["token_ids"] == stored[0] and expected["observed"]["token_ids"] == stored[1]
     assert expected["first_divergence"]["position"] == verdicts[key]["divergence"]["position"]
     on_tokens = verdicts[key]["divergence"]["kind"] in ("token", "length")
     assert expected["criterion"] == ("tokens" if on_tokens else "bits") and expected["kind"] == "batch_variance"

@@ -21,6 +21,7 @@ import sys
 import pytest
 from sqlalchemy.exc import SQLAlchemyError
 
+from evalgate.schedule import rotation_slot
 from conftest import (SQLITE_IN_SUITE_DIR, database_url, db_baselines, db_exists, db_query, db_runs, read_json,
                       sqlite_file, variance_prompts, write_suite)
 
@@ -157,6 +158,24 @@ def test_variance_is_attributed_to_its_factor_and_never_promoted(cli, tmp_path, 
     assert baselines(db) == []
     # nothing to check against: exit 4, before any inference
     cli("check", suite, check=4)
+
+    # The rotating preset on the same requests: one crowded pass, this turn's slot alone (cold, then hot).
+    # It finds exactly what the full schedule found among the requests it ran alone.
+    rotation, turn = 3, rotation_slot("p014", 3)  # p014: a measured batch-size effect (conftest.variance_prompts)
+    rotating = write_suite(tmp_path / "rot", tiny_model, VARIANCE_PROMPTS, max_tokens=16, concurrency=(1, n),
+                           shuffles=0, extra_schedule=f'preset = "rotating"\nrotation = {rotation}')
+    cli.env["EVALGATE_ROTATION_TURN"] = str(turn)
+    proc = cli("baseline", "create", rotating, "--json-report", tmp_path / "rot.json", check=1)
+    rot = read_json(tmp_path / "rot.json")
+    sample = {f"p{i:03d}" for i in range(n) if rotation_slot(f"p{i:03d}", rotation) == turn}
+    full = {(key, f["factor"]) for f in report["factors"] for key in f["keys"] if key in sample}
+    found = {(key, f["factor"]) for f in rot["factors"] for key in f["keys"]}
+    assert ("p014", "batch_size") in found and found == full, (found, full)
+    assert {r["key"] for r in rot["requests"]} == {key for key, _ in found}
+    assert {f["factor"]: f["compared"] for f in rot["factors"]} == {"batch_size": len(sample),
+                                                                   "prefix_cache": len(sample)}
+    assert rot["alone_coverage"] == {"covered": len(sample), "requests": n, "runs": 1, "window": rotation}
+    assert f"alone coverage: {100 * len(sample) / n:.0f}% over the last 1 run" in proc.stdout
 
 
 def test_without_a_prefix_cache_there_is_no_prefix_cache_finding(cli, tmp_path, tiny_model):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import database_url, db_baselines, db_query, db_runs, read_json, write_suite
+from conftest import database_url, db_baselines, db_outputs, db_query, db_runs, read_json, write_suite
 from test_e2e_gate import VARIANCE_PROMPTS
 
 pytestmark = pytest.mark.e2e
@@ -155,9 +155,12 @@ def test_openai_matches_in_process_engine_and_never_stores_the_key(key_cli, tmp_
     offline = write_suite(tmp_path / "inproc", tiny_model, PROMPTS, concurrency=(1,), shuffles=0)
     key_cli("baseline", "create", offline, check=0)
 
-    query = ("select request_key, output_ids, logprobs, top_ids, top_logprobs, digest, finish_reason from outputs "
-             "where pass_index = 0 order by request_key")
-    api_rows, inproc_rows = db_query(database_url(suite), query), db_query(database_url(offline), query)
+    fields = ("key", "ids", "logprob_bits", "top_ids", "top_logprob_bits", "digest", "finish_reason")
+
+    def pass_0(url):
+        return sorted(tuple(o[f] for f in fields) for o in db_outputs(url, "pass_index = 0"))
+
+    api_rows, inproc_rows = pass_0(database_url(suite)), pass_0(database_url(offline))
     assert len(api_rows) == len(PROMPTS) and api_rows == inproc_rows
 
     # the key: used (the server refuses requests without it), but never written or printed

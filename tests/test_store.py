@@ -23,7 +23,7 @@ from evalgate.store import RunRecord, Store
 from evalgate.store.db import head_revision
 from evalgate.suite import load_suite
 
-TABLES = {"alembic_version", "fingerprints", "runs", "requests", "outputs", "verdicts", "baselines", "scores", "sample_scores",
+TABLES = {"alembic_version", "fingerprints", "runs", "requests", "outputs", "payloads", "verdicts", "baselines", "scores", "sample_scores",
           "cost_results", "bisect_sessions", "bisect_trials"}
 
 
@@ -98,7 +98,8 @@ def test_new_database_is_created_at_head(tmp_path):
         assert conn.exec_driver_sql("pragma busy_timeout").scalar() == 60000
         assert conn.exec_driver_sql("pragma foreign_keys").scalar() == 1
     cols = {c["name"] for c in inspect(store.engine).get_columns("outputs")}
-    assert {"output_ids", "logprobs", "top_k", "top_ids", "top_logprobs", "digest"} <= cols
+    assert {"digest", "payload_hash"} <= cols and "output_ids" not in cols
+    assert {c["name"] for c in inspect(store.engine).get_columns("payloads")} == {"hash", "data"}
 
 
 def test_second_open_is_a_no_op(db_url, tmp_path, monkeypatch, suite):

@@ -58,9 +58,9 @@ def test_new_database_is_created_at_head(pg_url):
     assert db_tables(pg_url) == EVALGATE_TABLES
     assert db_query(pg_url, "select version_num from alembic_version") == [(head_revision(),)]
     cols = {c["name"]: c["type"] for c in inspect(store.engine).get_columns("outputs")}
-    for blob in ("output_ids", "logprobs", "top_ids", "top_logprobs"):
-        assert type(cols[blob]).__name__ == "BYTEA"
-    assert str(cols["request_key"]) == "VARCHAR(500)"
+    assert str(cols["request_key"]) == "VARCHAR(500)" and str(cols["payload_hash"]) == "VARCHAR(64)"
+    payloads = {c["name"]: c["type"] for c in inspect(store.engine).get_columns("payloads")}
+    assert type(payloads["data"]).__name__ == "BYTEA"
     # ids come from sequences: the first run is 1, as on SQLite
     assert db_query(pg_url, "select pg_get_serial_sequence('runs', 'id')") != [(None,)]
 
@@ -224,8 +224,8 @@ def test_nul_characters_and_non_finite_floats_round_trip(db_url, suite):
     assert outputs["a"][0].text == odd.text and outputs["a"][0].token_texts == odd.token_texts
     assert outputs["b"][0].text == marked.text
     assert outputs["a"][1].text == plain.text
-    # plain text is stored as is, readable from SQL
-    assert db_query(db_url, "select text from outputs where run_id = :r and pass_index = 1", r=run_id) == [(plain.text,)]
+    # plain text is stored as is, readable from SQL (output texts are inside their payloads)
+    assert db_query(db_url, "select prompt from requests where run_id = :r and key = 'a'", r=run_id) == [("Hello",)]
     (got,) = store.verdicts(run_id)
     d = got["divergence"]
     assert math.isnan(d["margin"]) and d["reference_logprob"] == -math.inf and d["other_logprob"] == math.inf

@@ -90,11 +90,23 @@ def verdict_from_dict(data: dict) -> RequestVerdict:
     )
 
 
-def factor_lines(factors: list[dict], cache_hits: list[dict] = (), not_run: list[dict] = ()) -> list[str]:
+def coverage_line(coverage: dict) -> str:
+    """`alone coverage: 100% over the last 16 runs`: the rotating preset's promise, measured."""
+    covered, requests, runs, window = coverage["covered"], coverage["requests"], coverage["runs"], coverage["window"]
+    share = f"{100 * covered / requests:.0f}%" if requests else "n/a"
+    line = f"alone coverage: {share} over the last {runs} run{'s' if runs != 1 else ''} ({covered} of {requests} requests"
+    if runs < window:
+        return line + f"; the rotation of {window} completes after {window - runs} more)"
+    return line + ")"
+
+
+def factor_lines(factors: list[dict], cache_hits: list[dict] = (), not_run: list[dict] = (),
+                 alone_coverage: dict | None = None) -> list[str]:
     """`invariant under: batch size 1→8, order ...` / `varies under: prefix cache cold→hot (8 requests)`, the
-    settings that remove each varying factor, whether the hot passes really hit the cache, and what the
-    plan asked for that could not run (verdict.Report.factors, .cache_hits, .not_run)."""
-    lines = []
+    settings that remove each varying factor, whether the hot passes really hit the cache, what the plan
+    asked for that could not run, and the rotating preset's alone coverage (verdict.Report.factors,
+    .cache_hits, .not_run, .alone_coverage)."""
+    lines = [coverage_line(alone_coverage)] if alone_coverage else []
     # a hot pass that no request hit proves nothing about the cache: not exercised, rather than invariant
     # and a comparison no request ran in both passes of proves nothing at all
     cold_hot = {h["pass"] for h in cache_hits if h["hit"] == 0 and h["unknown"] == 0}

@@ -138,7 +138,7 @@ def step_summary(report: Report, fingerprint_changes: Mapping[str, str] | None =
         fails = counts[name] and is_failure(name, report.strict)
         lines.append(f"| {'**' + name + '**' if fails else name} | {counts[name]} |")
     lines.append("")
-    factors = factor_lines(report.factors, report.cache_hits, report.not_run)
+    factors = factor_lines(report.factors, report.cache_hits, report.not_run, report.alone_coverage)
     if factors:
         lines += [f"- {md_text(line.strip())}" for line in factors] + [""]
 

@@ -217,7 +217,8 @@ def render_html(page: ReportPage) -> str:
         out.append(f'<p class="warn">error: {e(page.error)}</p>')
     out.append(_invariance(page.batch_invariance))
     judged = page.judged or {}
-    factors = factor_lines(judged.get("factors") or [], judged.get("cache_hits") or [], judged.get("not_run") or [])
+    factors = factor_lines(judged.get("factors") or [], judged.get("cache_hits") or [], judged.get("not_run") or [],
+                           judged.get("alone_coverage"))
     if factors:
         out.append("<h2>Factors</h2>")
         warn = ("varies", "  ", "not run")

@@ -44,7 +44,7 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
         if n or name in ("stable",) + FAILURES:
             counts.add_row(Text(name, style=STYLE[name] if n else ""), str(n))
     console.print(counts)
-    for line in factor_lines(report.factors, report.cache_hits, report.not_run):
+    for line in factor_lines(report.factors, report.cache_hits, report.not_run, report.alone_coverage):
         console.print(escape(line), style="yellow" if line.startswith(("varies", "  ", "not run")) else "", soft_wrap=True)
     for pair in report.baseline_pairs:
         if not pair.get("same_condition", True):

@@ -73,8 +73,17 @@ class Request(Base):
     request_type: Mapped[str] = mapped_column(String(40), default="generate", server_default="generate")
 
 
+class Payload(Base):
+    """What an output is (ids, logprobs, top-k, texts), content-addressed: the passes and runs that produced
+    the same output share one row. Encoding: evalgate/records.py `encode_payload`, docs/storage.md."""
+
+    __tablename__ = "payloads"
+    hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
 class Output(Base):
-    """One request in one pass. Encoding of the blobs: evalgate/records.py and docs/storage.md."""
+    """One request in one pass: where it ran, its digest (records.py) and its payload."""
 
     __tablename__ = "outputs"
     __table_args__ = (Index("ix_outputs_run_key", "run_id", "request_key"),)
@@ -85,17 +94,11 @@ class Output(Base):
     concurrency: Mapped[int] = mapped_column(Integer)
     wave: Mapped[int] = mapped_column(Integer)
     position: Mapped[int] = mapped_column(Integer)  # index within its wave
-    output_ids: Mapped[bytes] = mapped_column(LargeBinary)  # int32 LE
-    logprobs: Mapped[bytes] = mapped_column(LargeBinary)  # float64 LE, sampled token per position
-    top_k: Mapped[int] = mapped_column(Integer)
-    top_ids: Mapped[bytes] = mapped_column(LargeBinary)  # int32 LE, top_k per position
-    top_logprobs: Mapped[bytes] = mapped_column(LargeBinary)  # float64 LE, top_k per position
-    token_texts: Mapped[list] = mapped_column(JSON)
-    text: Mapped[str] = mapped_column(NulSafeText)
     finish_reason: Mapped[str] = mapped_column(String(40))
     digest: Mapped[str] = mapped_column(String(64))
     # prompt tokens the engine served from its prefix cache; null: the engine did not say (or before 0008)
     cached_tokens: Mapped[int | None] = mapped_column(Integer)
+    payload_hash: Mapped[str] = mapped_column(ForeignKey("payloads.hash"))
 
 
 class Verdict(Base):

@@ -11,15 +11,15 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy import insert, literal, select
+from sqlalchemy import func, insert, literal, select
 from sqlalchemy.orm import Session
 
 from ..errors import ConfigError
 from ..fingerprint import fingerprint_hash
 from ..processes import current_owner, owner_alive
-from ..records import Completion, pack_floats, pack_ids, unpack_floats, unpack_ids
+from ..records import Completion, StoredCompletion, encode_payload, pack_ids, same_payload
 from .base import StoreBase
-from .models import Fingerprint, Output, Request, Run, Verdict, utcnow
+from .models import Fingerprint, Output, Payload, Request, Run, Verdict, utcnow
 
 
 def display_status(run: Run) -> str:
@@ -35,7 +35,7 @@ class RunRecord:
 
     run: Run
     fingerprint: dict[str, dict]
-    requests: dict[str, Request]
+    requests: dict[str, Request]  # Core rows with Request's columns as attributes
     outputs: dict[str, list[Completion]] = field(default_factory=dict)  # key -> completions in pass order
 
     @property
@@ -44,6 +44,9 @@ class RunRecord:
 
 
 class RunStore(StoreBase):
+    # run id -> request key -> (its latest stored completion, payload hash): the run being written
+    _last_pass: dict[int, dict[str, tuple[Completion, str]]] = {}
+
     # --- writing a run ---------------------------------------------------------------------------------
 
     def create_run(self, suite, kind: str, schedule: dict, fingerprint: dict[str, dict],
@@ -60,10 +63,11 @@ class RunStore(StoreBase):
             s.add(run)
             s.flush()
             locations = suite.locations
-            for p in suite.prompts:
-                s.add(Request(run_id=run.id, key=p.key, request_hash=suite.request_hash(p), prompt=p.text,
-                              prompt_ids=pack_ids(prompt_ids[p.key]), sampling=suite.sampling_for(p),
-                              location=locations.get(p.key), request_type=p.request_type))
+            rows = [{"run_id": run.id, "key": p.key, "request_hash": suite.request_hash(p), "prompt": p.text,
+                     "prompt_ids": pack_ids(prompt_ids[p.key]), "sampling": suite.sampling_for(p),
+                     "location": locations.get(p.key), "request_type": p.request_type} for p in suite.prompts]
+            if rows:
+                s.connection().execute(insert(Request.__table__), rows)
             return run.id
 
         return self.write(write)
@@ -86,18 +90,49 @@ class RunStore(StoreBase):
                                   fix="use shorter prompt ids")
 
     def add_outputs(self, run_id: int, completions: list[Completion]) -> None:
+        """One pass's outputs, in bulk. A payload is written once: an output equal to one already stored
+        (another pass, another run) only points at it. An output equal to the same request's output in
+        the run's previous pass (what a passing check mostly records) is not even encoded again."""
+        previous = self._last_pass.get(run_id, {})
+        payloads: dict[str, bytes] = {}
+        rows, last_pass = [], {}
+        for c in completions:
+            before = previous.get(c.key)
+            if before is not None and same_payload(c, before[0]):
+                payload_hash = before[1]
+            else:
+                payload_hash, data = encode_payload(c)
+                payloads.setdefault(payload_hash, data)
+            last_pass[c.key] = (c, payload_hash)
+            rows.append({"run_id": run_id, "request_key": c.key, "pass_index": c.pass_index,
+                         "concurrency": c.concurrency, "wave": c.wave, "position": c.position,
+                         "finish_reason": c.finish_reason, "digest": c.digest, "cached_tokens": c.cached_tokens,
+                         "payload_hash": payload_hash})
+
         def write(s: Session) -> None:
-            for c in completions:
-                k, top_ids, top_lps = c.pack_top()
-                s.add(Output(
-                    run_id=run_id, request_key=c.key, pass_index=c.pass_index, concurrency=c.concurrency,
-                    wave=c.wave, position=c.position, output_ids=pack_ids(c.output_ids),
-                    logprobs=pack_floats(c.logprobs), top_k=k, top_ids=top_ids, top_logprobs=top_lps,
-                    token_texts=c.token_texts, text=c.text, finish_reason=c.finish_reason, digest=c.digest,
-                    cached_tokens=c.cached_tokens,
-                ))
+            self._add_payloads(s, payloads)
+            if rows:  # Core executemany: no ORM objects
+                s.connection().execute(insert(Output.__table__), rows)
 
         self.write(write)
+        self._last_pass = {run_id: {**previous, **last_pass}}  # only once stored: a failed write must not count
+
+    def _add_payloads(self, s: Session, payloads: dict[str, bytes]) -> None:
+        """Insert the payloads not stored yet (content-addressed, as fingerprints)."""
+        if not payloads:
+            return
+        rows = [{"hash": h, "data": d} for h, d in payloads.items()]
+        if self.upsert_insert:
+            s.connection().execute(self.upsert_insert(Payload.__table__).on_conflict_do_nothing(index_elements=["hash"]),
+                                   rows)
+            return
+        stored = set()
+        hashes = list(payloads)
+        for i in range(0, len(hashes), 500):
+            stored.update(s.scalars(select(Payload.hash).where(Payload.hash.in_(hashes[i : i + 500]))))
+        missing = [r for r in rows if r["hash"] not in stored]
+        if missing:
+            s.connection().execute(insert(Payload.__table__), missing)
 
     def update_schedule(self, run_id: int, schedule: dict) -> None:
         """Replace a running run's schedule record (the runner drops a planned pass that could not run)."""
@@ -116,8 +151,9 @@ class RunStore(StoreBase):
             run.baseline_run_id = baseline_run_id
             if schedule is not None:
                 run.schedule = schedule
-            for v in verdicts or []:
-                s.add(Verdict(run_id=run_id, request_key=v["key"], verdict=v["verdict"], detail=v))
+            if verdicts:
+                s.execute(insert(Verdict), [{"run_id": run_id, "request_key": v["key"], "verdict": v["verdict"],
+                                             "detail": v} for v in verdicts])
             if promote:
                 self.promote_in(s, run)
 
@@ -177,6 +213,26 @@ class RunStore(StoreBase):
                 q = q.where(Run.kind.in_(kinds))
             return list(s.scalars(q))
 
+    def completed_runs(self, suite_name: str) -> int:
+        """How many baseline and check runs of the suite completed here (the rotating preset's turn)."""
+        with self.session() as s:
+            return s.scalar(select(func.count()).select_from(Run).where(
+                Run.suite_name == suite_name, Run.kind.in_(("baseline", "check")), Run.status == "complete"))
+
+    def alone_coverage(self, run: Run, window: int) -> dict:
+        """Of this run's requests, how many ran alone (concurrency 1) in this run or the `window - 1`
+        complete baseline and check runs of its suite on its hardware class before it."""
+        with self.session() as s:
+            earlier = list(s.scalars(select(Run.id).where(
+                Run.suite_name == run.suite_name, Run.hardware_class == run.hardware_class,
+                Run.kind.in_(("baseline", "check")), Run.status == "complete", Run.id < run.id,
+            ).order_by(Run.id.desc()).limit(max(window - 1, 0))))
+            runs = [run.id, *earlier]
+            keys = set(s.scalars(select(Request.key).where(Request.run_id == run.id)))
+            alone = set(s.scalars(select(Output.request_key).distinct().where(
+                Output.run_id.in_(runs), Output.concurrency == 1)))
+        return {"covered": len(keys & alone), "requests": len(keys), "runs": len(runs), "window": window}
+
     def get_run(self, run_id: int) -> Run:
         with self.session() as s:
             run = s.get(Run, run_id)
@@ -189,21 +245,42 @@ class RunStore(StoreBase):
             return [v.detail for v in s.scalars(select(Verdict).where(Verdict.run_id == run_id).order_by(Verdict.id))]
 
     def load(self, run_id: int) -> RunRecord:
+        """A run for comparison, read with Core rather than as ORM objects. Outputs come back as
+        `StoredCompletion`s without their payloads: those are read (all of the run's, in one query) and
+        decoded only when a comparison needs tokens, that is when digests differ."""
         run = self.get_run(run_id)
+        requests_table, outputs = Request.__table__, Output.__table__
+        fetch = RunPayloads(self, run_id)
         with self.session() as s:
             fp = s.get(Fingerprint, run.fingerprint_hash)
-            q = select(Request).where(Request.run_id == run_id).order_by(Request.id)  # prompts-file order
-            requests = {r.key: r for r in s.scalars(q)}
-            outputs: dict[str, list[Completion]] = defaultdict(list)
-            rows = s.scalars(select(Output).where(Output.run_id == run_id).order_by(Output.pass_index, Output.id))
-            for o in rows:
-                top_ids, top_lps = Completion.unpack_top(o.top_k, o.top_ids, o.top_logprobs)
-                req = requests.get(o.request_key)
-                outputs[o.request_key].append(Completion(
-                    key=o.request_key, prompt_ids=unpack_ids(req.prompt_ids) if req else [],
-                    output_ids=unpack_ids(o.output_ids), logprobs=unpack_floats(o.logprobs), top_ids=top_ids,
-                    top_logprobs=top_lps, token_texts=list(o.token_texts), text=o.text,
-                    finish_reason=o.finish_reason, pass_index=o.pass_index, concurrency=o.concurrency,
-                    wave=o.wave, position=o.position, cached_tokens=o.cached_tokens, _digest=o.digest,
-                ))
-        return RunRecord(run=run, fingerprint=fp.components if fp else {}, requests=requests, outputs=dict(outputs))
+            q = select(requests_table).where(requests_table.c.run_id == run_id).order_by(requests_table.c.id)
+            requests = {r.key: r for r in s.execute(q)}  # prompts-file order; rows read like Request objects
+            by_key: dict[str, list[Completion]] = defaultdict(list)
+            q = (select(outputs.c.request_key, outputs.c.pass_index, outputs.c.concurrency, outputs.c.wave,
+                        outputs.c.position, outputs.c.finish_reason, outputs.c.digest, outputs.c.cached_tokens,
+                        outputs.c.payload_hash)
+                 .where(outputs.c.run_id == run_id).order_by(outputs.c.pass_index, outputs.c.id))
+            for key, pass_index, concurrency, wave, position, finish, digest, cached, payload in s.execute(q).all():
+                request = requests.get(key)
+                by_key[key].append(StoredCompletion(
+                    key, payload, fetch, digest, finish, pass_index=pass_index, concurrency=concurrency, wave=wave,
+                    position=position, cached_tokens=cached,
+                    prompt_ids_blob=request.prompt_ids if request is not None else b""))
+        return RunRecord(run=run, fingerprint=fp.components if fp else {}, requests=requests, outputs=dict(by_key))
+
+
+class RunPayloads:
+    """The payloads of one stored run, read in one query the first time any of them is needed."""
+
+    def __init__(self, store: RunStore, run_id: int):
+        self.store, self.run_id = store, run_id
+        self._blobs: dict[str, bytes] | None = None
+
+    def __call__(self, payload_hash: str) -> bytes:
+        if self._blobs is None:
+            outputs, payloads = Output.__table__, Payload.__table__
+            q = (select(payloads.c.hash, payloads.c.data).distinct()
+                 .join(outputs, outputs.c.payload_hash == payloads.c.hash).where(outputs.c.run_id == self.run_id))
+            with self.store.session() as s:
+                self._blobs = {h: bytes(data) for h, data in s.execute(q)}
+        return self._blobs[payload_hash]
