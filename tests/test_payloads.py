@@ -215,24 +215,25 @@ def test_stored_runs_get_the_verdicts_and_divergences_of_in_memory_ones(tmp_path
 # --- databases written before payloads (schema 0008) -----------------------------------------------------
 
 
-def test_a_database_written_before_payloads_upgrades_and_compares_with_new_runs(tmp_path):
+def test_a_database_written_before_payloads_upgrades_and_compares_with_new_runs(tmp_path, db_url):
+    """On both backends: a database at 0008, written with the old columns, is migrated on open."""
     base, _ = differing_variants()
     suite = write_suite(tmp_path, list(base))
-    db = tmp_path / "old.sqlite"
-    engine = sa.create_engine(f"sqlite:///{db}")
+    engine = sa.create_engine(db_url)
     with engine.begin() as conn:
         command.upgrade(_alembic_config(conn), "0008")
         fp = fingerprint()
         conn.execute(sa.text("insert into fingerprints (hash, components, created_at) values "
                              "(:h, :c, '2026-01-01 00:00:00')"), {"h": fingerprint_hash(fp), "c": json.dumps(fp)})
-        conn.execute(sa.text("insert into runs (id, suite_name, suite_path, kind, status, schedule, started_at, "
-                             "fingerprint_hash, hardware_class) values (1, 'unit', :path, 'baseline', 'complete', "
+        conn.execute(sa.text("insert into runs (suite_name, suite_path, kind, status, schedule, started_at, "
+                             "fingerprint_hash, hardware_class) values ('unit', :path, 'baseline', 'complete', "
                              ":schedule, '2026-01-01 00:00:00', :fp, 'cpu')"),
                      {"path": str(suite.path), "schedule": json.dumps(schedule_record()), "fp": fingerprint_hash(fp)})
+        run_id = conn.execute(sa.text("select max(id) from runs")).scalar()
         for key in base:
             conn.execute(sa.text("insert into requests (run_id, key, request_hash, prompt, prompt_ids, sampling, "
-                                 "location, request_type) values (1, :key, :h, 'p', :ids, '{}', null, 'generate')"),
-                         {"key": key, "h": suite.request_hash(next(p for p in suite.prompts if p.key == key)),
+                                 "location, request_type) values (:run, :key, :h, 'p', :ids, '{}', null, 'generate')"),
+                         {"run": run_id, "key": key, "h": suite.request_hash(next(p for p in suite.prompts if p.key == key)),
                           "ids": pack_ids([1, 2])})
         for completions in outputs_of(base):  # the 0001 encoding: int32 ids, float64 logprobs, padded top-k
             for c in completions:
@@ -240,14 +241,14 @@ def test_a_database_written_before_payloads_upgrades_and_compares_with_new_runs(
                 conn.execute(sa.text(
                     "insert into outputs (run_id, request_key, pass_index, concurrency, wave, position, output_ids,"
                     " logprobs, top_k, top_ids, top_logprobs, token_texts, text, finish_reason, digest) values "
-                    "(1, :key, :p, :c, 0, 0, :ids, :lps, :k, :tids, :tlps, :texts, :text, 'length', :digest)"),
-                    {"key": c.key, "p": c.pass_index, "c": c.concurrency, "ids": pack_ids(c.output_ids),
+                    "(:run, :key, :p, :c, 0, 0, :ids, :lps, :k, :tids, :tlps, :texts, :text, 'length', :digest)"),
+                    {"run": run_id, "key": c.key, "p": c.pass_index, "c": c.concurrency, "ids": pack_ids(c.output_ids),
                      "lps": pack_floats(c.logprobs), "k": k, "tids": top_ids, "tlps": top_lps,
                      "texts": json.dumps(c.token_texts), "text": c.text, "digest": c.digest})
     engine.dispose()
 
-    store = Store(f"sqlite:///{db}")  # migrates to head
-    old = store.load(1)
+    store = Store(db_url)  # migrates to head
+    old = store.load(run_id)
     for key, completions in zip(base, zip(*outputs_of(base))):
         assert [c.pass_index for c in old.outputs[key]] == [0, 1, 2]
         for got, want in zip(old.outputs[key], completions):
