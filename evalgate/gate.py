@@ -39,7 +39,7 @@ def _judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: 
         report.task_changes = task_changes(baseline.fingerprint, current.fingerprint) if baseline else {}
         schedule = current.run.schedule or {}
         if schedule.get("preset") == ROTATING:
-            report.alone_coverage = store.alone_coverage(current.run, schedule["rotation"])
+            report.alone_coverage = store.alone_coverage(current.run, schedule["rotation"], min(schedule["concurrency"]))
         report.promoted = promote_if(report)
         log = current.run.engine_log
         report.engine_log = log if log and os.path.isfile(log) else None
@@ -185,4 +185,12 @@ def compare_runs(store: Store, run_a: int, run_b: int) -> Report:
 
 
 def resolve_schedule(suite: Suite, concurrency=None, shuffles=None, repeats=None) -> Schedule:
-    return with_overrides(suite.schedule, concurrency, shuffles, repeats)
+    schedule = with_overrides(suite.schedule, concurrency, shuffles, repeats)
+    if schedule.preset == ROTATING:
+        if schedule.shuffles or schedule.repeats != 1:
+            raise ConfigError(f"--shuffles/--repeats do not go with `preset = \"rotating\"` in {suite.path}: it runs one "
+                              "crowded pass and a rotating sample alone", fix="leave them out, or use the full preset")
+        if len(set(schedule.concurrency)) < 2:
+            raise ConfigError(f"--concurrency needs two levels for the rotating preset of {suite.path} (alone, crowded)",
+                              fix="e.g. --concurrency 1,32")
+    return schedule

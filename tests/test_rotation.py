@@ -117,3 +117,15 @@ def test_the_turn_can_come_from_the_environment(cli, tmp_path, tiny_model):
     cli.env["EVALGATE_ROTATION_TURN"] = "soon"
     proc = cli("baseline", "create", suite, check=2)
     assert "$EVALGATE_ROTATION_TURN is 'soon'" in proc.stderr
+
+
+def test_command_line_overrides_that_break_the_preset_are_refused(tmp_path, tiny_model):
+    from evalgate.gate import resolve_schedule
+
+    suite = load_suite(write_suite(tmp_path, tiny_model, ["a"], kind="fake", concurrency=(1, 8), shuffles=0,
+                                   extra_schedule='preset = "rotating"'))
+    assert resolve_schedule(suite, [1, 16]).concurrency == (1, 16)
+    with pytest.raises(ConfigError, match="--shuffles/--repeats do not go with"):
+        resolve_schedule(suite, shuffles=1)
+    with pytest.raises(ConfigError, match="--concurrency needs two levels"):
+        resolve_schedule(suite, [16])

@@ -219,9 +219,10 @@ class RunStore(StoreBase):
             return s.scalar(select(func.count()).select_from(Run).where(
                 Run.suite_name == suite_name, Run.kind.in_(("baseline", "check")), Run.status == "complete"))
 
-    def alone_coverage(self, run: Run, window: int) -> dict:
-        """Of this run's requests, how many ran alone (concurrency 1) in this run or the `window - 1`
-        complete baseline and check runs of its suite on its hardware class before it."""
+    def alone_coverage(self, run: Run, window: int, alone: int = 1) -> dict:
+        """Of this run's requests, how many ran alone (at concurrency `alone`, the schedule's lowest level)
+        in this run or the `window - 1` complete baseline and check runs of its suite on its hardware class
+        before it."""
         with self.session() as s:
             earlier = list(s.scalars(select(Run.id).where(
                 Run.suite_name == run.suite_name, Run.hardware_class == run.hardware_class,
@@ -230,7 +231,7 @@ class RunStore(StoreBase):
             runs = [run.id, *earlier]
             keys = set(s.scalars(select(Request.key).where(Request.run_id == run.id)))
             alone = set(s.scalars(select(Output.request_key).distinct().where(
-                Output.run_id.in_(runs), Output.concurrency == 1)))
+                Output.run_id.in_(runs), Output.concurrency == alone)))
         return {"covered": len(keys & alone), "requests": len(keys), "runs": len(runs), "window": window}
 
     def get_run(self, run_id: int) -> Run:
