@@ -158,6 +158,7 @@ class RunStore(StoreBase):
                 self.promote_in(s, run)
 
         self.write(write)
+        self._last_pass = {}  # the run is written: let its outputs go
 
     def add_fingerprint(self, s: Session, fp_hash: str, fingerprint: dict) -> None:
         """Content-addressed: stored once, whoever stores it first."""

@@ -76,7 +76,7 @@ def downgrade() -> None:
                                 "on payloads.hash = outputs.payload_hash")).fetchall()
     old = _outputs(*[sa.column(name, kind()) for name, kind in OLD_COLUMNS.items()])
     for row in rows:
-        ids, lps, top_ids, top_lps, token_texts, text = decode_payload(row.data)
+        ids, lps, top_ids, top_lps, token_texts, text = decode_payload(bytes(row.data))
         completion = Completion(key="", prompt_ids=[], output_ids=ids, logprobs=lps, top_ids=top_ids,
                                 top_logprobs=top_lps, token_texts=token_texts, text=text, finish_reason="")
         k, top_ids_blob, top_lps_blob = completion.pack_top()
