@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -60,8 +61,15 @@ class CLI:
         return proc
 
     def popen(self, *args: str, **kwargs) -> subprocess.Popen:
+        """A CLI process a test can interrupt: SIGINT at its default even when pytest itself was started in
+        the background (a shell starts background jobs with SIGINT ignored, and children inherit that)."""
         return subprocess.Popen([sys.executable, "-m", "evalgate", *map(str, args)], cwd=self.cwd, env=self.env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=_interruptible, **kwargs)
+
+
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python installs its KeyboardInterrupt handler over it
 
 
 @pytest.fixture

@@ -215,10 +215,12 @@ class RunStore(StoreBase):
             return list(s.scalars(q))
 
     def completed_runs(self, suite_name: str) -> int:
-        """How many baseline and check runs of the suite completed here (the rotating preset's turn)."""
+        """How many baseline and check runs of the whole suite completed here (the rotating preset's turn).
+        Shard runs do not count (their merged run does), so the shards of one CI run share a turn."""
         with self.session() as s:
             return s.scalar(select(func.count()).select_from(Run).where(
-                Run.suite_name == suite_name, Run.kind.in_(("baseline", "check")), Run.status == "complete"))
+                Run.suite_name == suite_name, Run.kind.in_(("baseline", "check")), Run.status == "complete",
+                Run.shard.is_(None)))
 
     def alone_coverage(self, run: Run, window: int, alone: int = 1) -> dict:
         """Of this run's requests, how many ran alone (at concurrency `alone`, the schedule's lowest level)
@@ -227,7 +229,7 @@ class RunStore(StoreBase):
         with self.session() as s:
             earlier = list(s.scalars(select(Run.id).where(
                 Run.suite_name == run.suite_name, Run.hardware_class == run.hardware_class,
-                Run.kind.in_(("baseline", "check")), Run.status == "complete", Run.id < run.id,
+                Run.kind.in_(("baseline", "check")), Run.status == "complete", Run.shard.is_(None), Run.id < run.id,
             ).order_by(Run.id.desc()).limit(max(window - 1, 0))))
             runs = [run.id, *earlier]
             keys = set(s.scalars(select(Request.key).where(Request.run_id == run.id)))
