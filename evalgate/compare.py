@@ -61,6 +61,13 @@ def first_divergence(reference: Completion, other: Completion) -> Divergence | N
     return None  # same ids and logprob bits (digests of older encodings may differ)
 
 
+def max_logprob_delta(reference: Completion, other: Completion) -> float:
+    """The largest |Δ logprob| of the sampled tokens over the positions where both chose the same token
+    (bits-only drift: how far the numerics moved)."""
+    return max((abs(a - b) for a, b, x, y in zip(reference.logprobs, other.logprobs, reference.output_ids,
+                                                    other.output_ids) if x == y), default=0.0)
+
+
 def _divergence(i, kind, reference, other, at) -> Divergence:
     ref_id, ref_text, ref_lp = at(reference, i)
     oth_id, oth_text, oth_lp = at(other, i)

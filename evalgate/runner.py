@@ -148,7 +148,8 @@ def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Sche
     # One salt per run: a server that outlives runs (kind `openai`) never serves a cold pass from an earlier run.
     salt = uuid.uuid4().hex[:16] if engine.salts_cache else None
     schedule_record = {**asdict(schedule), "passes": [p.to_dict() for p in passes], "not_run": not_run,
-                       "cold_by": "cache_salt" if salt else None}
+                       "cold_by": "cache_salt" if salt else None,
+                       "gate": suite.gate.to_dict()}  # the judging policy: recorded, never identity
     run_id = store.create_run(suite, kind, schedule_record, fingerprint, prompt_ids, **(labels or {}))
     if on_run:
         on_run(run_id)

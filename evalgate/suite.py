@@ -18,6 +18,7 @@ from .engines import COMMON_KEYS, engine_class, engine_kinds
 from .errors import ConfigError
 from .hashing import digest
 from .load import parse_load
+from .policy import FAIL_ON, GatePolicy, parse_gate_table
 from .prompts import SCORING_TYPES, Prompt, load_prompts
 from .schedule import FULL, PRESETS, ROTATING, Schedule
 
@@ -77,6 +78,7 @@ class Suite:
     task_identity: dict[str, Any] = field(default_factory=dict)
     server: Any = None  # the server kinds' own settings (evalgate/engines/openai_api.py ServerConfig)
     cost_table: Any = None  # the file's [cost] table, for `evalgate cost` only (evalgate/cost.py parses it)
+    gate: GatePolicy = field(default_factory=GatePolicy)  # [gate]: what fails a run (a policy, not identity)
     root: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -154,9 +156,9 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     root = path.parent
 
     # [cost] belongs to `evalgate cost` (evalgate/cost.py validates it); it never changes a run.
-    check_keys(data, {"suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "cost", "load"}, where, prefix)
+    check_keys(data, {"suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "cost", "load", "gate"}, where, prefix)
     tables = {}
-    for name in ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "load"):
+    for name in ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "load", "gate"):
         value = data.get(name, {})
         if not isinstance(value, dict):
             raise fail(where, f"`{prefix}{name}` must be a table", f"write it as [{prefix}{name}]")
@@ -279,7 +281,16 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
         batch_invariant=engine.batch_invariant, engine_args=engine.engine_args, sampling=sampling,
         prompts_file=prompts_file, prompts=prompts, schedule=schedule,
         code_paths=code_paths, database=db, lm_eval=lm_eval, server=engine.server, cost_table=data.get("cost"),
+        gate=parse_gate_table(tables["gate"], where, prefix),
     )
+
+
+def with_fail_on(suite: Suite, fail_on: str) -> Suite:
+    """The suite judged at another level (--fail-on): a policy, so nothing about the run changes."""
+    if fail_on not in FAIL_ON:
+        raise ConfigError(f"--fail-on must be bits or tokens, got {fail_on!r}",
+                          fix="--fail-on tokens lets logprob-bit drift pass and fails token flips")
+    return dataclasses.replace(suite, gate=dataclasses.replace(suite.gate, fail_on=fail_on))
 
 
 def _lm_eval_config(table: dict, root: Path, where: str, sec: str) -> LmEvalConfig:

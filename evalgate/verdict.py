@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from .compare import Divergence, first_divergence, within_run
+from .compare import Divergence, first_divergence, max_logprob_delta, within_run
 from .errors import ExitCode
 from .fingerprint import delta as fingerprint_delta
 from .fingerprint import describe_changes
+from .policy import BITS_ONLY, GatePolicy
 from .schedule import HOT, UNKNOWN, Pass, comparison_label, passes_of
 from .store import RunRecord
 
@@ -36,6 +37,14 @@ class RequestVerdict:
     passes: dict | None = None
     components: list[str] = field(default_factory=list)  # what explains an explained_change
     factor: str | None = None  # batch_variance: the factor of the first differing comparison (factors.py)
+    # The kinds of every difference found (token, length, logprob): `logprob` alone is bits-only drift
+    kinds: frozenset = frozenset()
+    max_delta: float | None = None  # the largest |Δ logprob| over the differing outputs' same-token positions
+    flip: str | None = None  # a token flip's class under the policy: near_tie | confident (policy.py)
+
+    @property
+    def bits_only(self) -> bool:
+        return self.kinds == {BITS_ONLY}
 
     def to_dict(self) -> dict:
         return {
@@ -46,6 +55,9 @@ class RequestVerdict:
             "passes": self.passes,
             "components": self.components,
             "factor": self.factor,
+            "bits_only": self.bits_only if self.kinds else None,
+            "max_delta": self.max_delta,
+            "flip": self.flip,
         }
 
 
@@ -73,6 +85,7 @@ class Report:
     not_run: list = field(default_factory=list)  # passes or probes the plan asked for that could not run, and why
     # rotating preset: this run's requests that ran alone within the last `window` runs (store.alone_coverage)
     alone_coverage: dict | None = None
+    policy: GatePolicy = field(default_factory=GatePolicy)  # [gate]: what fails (recorded with the run)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -81,8 +94,31 @@ class Report:
 
     @property
     def failing(self) -> list[RequestVerdict]:
-        bad = STRICT_FAILURES if self.strict else FAILURES
-        return [v for v in self.verdicts if v.verdict in bad]
+        """Batch variance and silent regressions that the policy fails on (bits: all; tokens: token flips),
+        and with `strict` every other difference too."""
+        return [v for v in self.verdicts if (v.verdict in FAILURES and self.policy.fails(set(v.kinds) or {"token"}))
+                or (self.strict and v.verdict in STRICT_FAILURES and v.verdict not in FAILURES)]
+
+    @property
+    def drift(self) -> list[RequestVerdict]:
+        """Differences in logprob bits alone that the policy lets pass (fail_on = "tokens")."""
+        return [v for v in self.verdicts if v.verdict in FAILURES and v.bits_only and not self.policy.fails(set(v.kinds))]
+
+    def differences(self) -> dict:
+        """Every batch variance and silent regression, split: bits only (with the largest |Δ| and the
+        smallest margin at the first divergence) and token flips by class (near tie or confident)."""
+        found = [v for v in self.verdicts if v.verdict in FAILURES]
+        bits = [v for v in found if v.bits_only]
+        margins = [v.divergence.margin for v in bits if v.divergence and v.divergence.margin is not None]
+        flips = [v for v in found if v.flip]
+        return {
+            "fail_on": self.policy.fail_on, "near_tie_margin": self.policy.near_tie_margin,
+            "bits_only": len(bits), "drift": len(self.drift),
+            "max_delta": max((v.max_delta for v in bits if v.max_delta is not None), default=None),
+            "min_margin": min(margins, default=None),
+            "token_flips": {"near_tie": sum(v.flip == "near_tie" for v in flips),
+                            "confident": sum(v.flip == "confident" for v in flips)},
+        }
 
     @property
     def exit_code(self) -> ExitCode:
@@ -114,18 +150,23 @@ class Report:
             "baseline_pairs": self.baseline_pairs,
             "not_run": self.not_run,
             "alone_coverage": self.alone_coverage,
+            "gate": self.policy.to_dict(),
+            "differences": self.differences(),
         }
 
     def judged(self) -> dict:
         """What the judgement found about the run's factors, stored with the run (the HTML report reads it)."""
         return {"factors": self.factors, "cache_hits": self.cache_hits, "baseline_pairs": self.baseline_pairs,
-                "not_run": self.not_run, "alone_coverage": self.alone_coverage}
+                "not_run": self.not_run, "alone_coverage": self.alone_coverage, "gate": self.policy.to_dict(),
+                "differences": self.differences()}
 
 
 def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check", strict: bool = False,
-          in_scope=lambda key: True) -> Report:
+          in_scope=lambda key: True, policy: GatePolicy | None = None) -> Report:
     """`in_scope(key)`: whether a baseline key belongs to this run at all (False for other shards' keys,
-    which are then not `missing`)."""
+    which are then not `missing`). `policy`: what fails (default: the one recorded with the run)."""
+    if policy is None:
+        policy = GatePolicy.from_dict((current.run.schedule or {}).get("gate"))
     changed = fingerprint_delta(baseline.fingerprint, current.fingerprint) if baseline else []
     passes = passes_of(current.run.schedule)
     pairs = matching_passes(passes_of(baseline.run.schedule), passes) if baseline else []
@@ -136,10 +177,17 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
         location = request.location
         disagreement = within_run(completions, passes)
         if disagreement is not None:
+            by_pass = {c.pass_index: c for c in completions}
             for d in disagreement.differences:
                 varying.setdefault(d.other.index, []).append(key)
+            kinds = frozenset(d.divergence.kind for d in disagreement.differences)
+            delta = max(max_logprob_delta(by_pass[d.reference.index], by_pass[d.other.index])
+                        for d in disagreement.differences)
+            flip = next((policy.flip_class(d.divergence.kind, d.divergence.margin) for d in disagreement.differences
+                         if d.divergence.kind == "token"), None)
             verdicts.append(RequestVerdict(
                 key, "batch_variance", location, disagreement.divergence, factor=disagreement.factor,
+                kinds=kinds, max_delta=delta, flip=flip,
                 passes={
                     "reference_pass": disagreement.reference_pass,
                     "reference_concurrency": disagreement.reference_concurrency,
@@ -160,24 +208,26 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
             verdicts.append(RequestVerdict(key, "new", location, components=["suite"]))
             continue
         outputs = {c.pass_index: c for c in completions}
-        found = None
+        found = []
         for pair in pairs:  # like with like: the baseline's pass of a condition vs this run's pass of it
             base, cur = base_outputs.get(pair.baseline_pass), outputs.get(pair.current_pass)
             divergence = first_divergence(base, cur) if base is not None and cur is not None else None
             if divergence is not None:
-                found = (pair, divergence)
-                break
-        if found is None:
+                found.append((pair, divergence, max_logprob_delta(base, cur)))
+        if not found:
             verdicts.append(RequestVerdict(key, "stable", location))
             continue
-        pair, divergence = found
+        pair, divergence, _ = found[0]
+        kinds = frozenset(d.kind for _, d, _ in found)
+        flip = next((policy.flip_class(d.kind, d.margin) for _, d, _ in found if d.kind == "token"), None)
         explaining = list(changed)
         if base_request.request_hash != request.request_hash:
             explaining.append("suite")
         verdict = "explained_change" if explaining else "silent_regression"
         verdicts.append(RequestVerdict(key, verdict, location, divergence, components=explaining,
                                        passes={"baseline_pass": pair.baseline_pass, "pass": pair.current_pass,
-                                               "condition": pair.condition}))
+                                               "condition": pair.condition},
+                                       kinds=kinds, max_delta=max(delta for _, _, delta in found), flip=flip))
     if baseline is not None:
         for key, base_request in baseline.requests.items():
             if key not in current.requests and in_scope(key):
@@ -192,6 +242,7 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
         cache_hits=cache_hits(current, passes),
         baseline_pairs=[pair.to_dict() for pair in pairs],
         not_run=list((current.run.schedule or {}).get("not_run") or []),
+        policy=policy,
     )
 
 

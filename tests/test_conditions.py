@@ -39,6 +39,13 @@ def test_a_prefix_cache_effect_is_attributed_to_the_cache_not_the_batch(cli, tmp
     html = cli("report", "1", "--suite", suite, "--html", tmp_path / "r.html", check=0)
     page = (tmp_path / "r.html").read_text()
     assert html.returncode == 0 and "<h2>Factors</h2>" in page and "varies under: prefix cache" in page
+    # one row per comparison (the varying one marked, with its share as a bar), the run badged by its verdict
+    rows = page.split('<table class="factors">', 1)[1].split("</table>", 1)[0].split("<tr")[2:]
+    assert len(rows) == 3 and "class=warn><td>prefix_cache</td><td>prefix cache cold→hot</td>" in rows[0]
+    assert "<td class=num>1/6</td><td class=num>6</td>" in rows[0] and "width:17px" in rows[0]
+    assert "<td class=num>0/6</td>" in rows[1] and "width:0px" in rows[1]
+    assert '<span class="badge s-batch_variance">batch_variance</span>' in page and 'badge s-regression' not in page
+    assert "gate: fail on bits" in page
 
 
 def test_a_batch_effect_is_attributed_to_batch_size_and_sent_to_the_batch_bisector(cli, tmp_path, tiny_model):

@@ -1,9 +1,9 @@
 """The gate end to end, through the real CLI and the real vLLM CPU engine on locally built models.
 
-Each failure verdict is produced for real here: batch variance (a hot prefix cache and a crowded batch)
-and a silent regression (every request alone, then all together, each run cold) on the tiny fp32 model
-with long prompts (conftest.variance_prompts says what was measured), an explained change by swapping
-the weights at the same path. The real-engine tests mock nothing.
+Each failure verdict is produced for real here: batch variance and a silent regression (every request
+alone, then all together, each run cold) on the workload the session's survey found varying on this
+machine, checked request by request against plain vLLM under the same conditions (tests/variance.py); an
+explained change by swapping the weights at the same path. The real-engine tests mock nothing.
 
 The real-engine tests store to SQLite. Where the backend is what is tested, the same journey runs on
 PostgreSQL too (`store_url`, `store_backend`: conftest.py; EVALGATE_TEST_POSTGRES=1, tests/pg.py) with the
@@ -120,40 +120,53 @@ def test_explained_change_after_weight_swap(cli, tmp_path, tiny_model):
     cli("check", suite, "--strict", check=1)
 
 
-def test_variance_is_attributed_to_its_factor_and_never_promoted(cli, tmp_path, tiny_model):
-    """The measured case (conftest.variance_prompts): every pass cold except the hot one, so the prefix
-    cache's effect is `prefix_cache` (pass 0 vs the hot pass, both alone) and the batch-size effect is
-    `batch_size` (alone vs all together, both cold). Fails loudly, never skips, if either effect is gone."""
-    suite = write_suite(tmp_path / "ws", tiny_model, VARIANCE_PROMPTS, max_tokens=16, concurrency=(1,), shuffles=0)
-    n = len(VARIANCE_PROMPTS)
-    proc = cli("baseline", "create", suite, "--concurrency", f"1,{n}", "--json-report", tmp_path / "r.json")
-    assert proc.returncode == 1, (
-        "negative control lost: the tiny fp32 model no longer varies on this CPU; resize the suite\n"
-        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+def gate_keys(report: dict, verdict: str = "batch_variance") -> dict[str, set[str]]:
+    """Factor -> the requests a report finds varying under it (every factor a request varies under)."""
+    found: dict[str, set[str]] = {}
+    for r in report["requests"]:
+        if r["verdict"] == verdict:
+            for factor in r["passes"]["factors"]:
+                found.setdefault(factor, set()).add(r["key"])
+    return found
+
+
+def test_variance_is_attributed_to_its_factor_and_never_promoted(cli, tmp_path, variance_source):
+    """The oracle test: the workload the session's survey found varying on this machine (tests/variance.py),
+    under the conditions plain vLLM ran it (alone cold, alone hot, all together cold, all together shuffled).
+    The gate must name exactly the requests plain vLLM shows differing under each factor, and say
+    "invariant under" each comparison where plain vLLM shows none."""
+    source, n = variance_source, variance_source.n
+    suite = source.suite(tmp_path / "ws", concurrency=(1,), shuffles=0)
+    proc = cli("baseline", "create", suite, "--concurrency", f"1,{n}", "--shuffles", "1", "--json-report",
+               tmp_path / "r.json")
+    assert proc.returncode == 1, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"  # the survey found batch_size
     report = read_json(tmp_path / "r.json")
+    found = gate_keys(report)
     factors = {f["factor"]: f for f in report["factors"]}
-    assert set(factors) == {"prefix_cache", "batch_size"}
+    assert set(factors) == {"prefix_cache", "batch_size", "order"}
     assert factors["prefix_cache"]["comparison"] == "prefix cache cold→hot"
     assert factors["batch_size"]["comparison"] == f"batch size 1→{n}"
-    assert factors["prefix_cache"]["differing"] >= 1, "negative control lost: the hot prefix cache changes nothing"
-    assert factors["batch_size"]["differing"] >= 1, "negative control lost: no batch-size effect with every pass cold"
-    varying = [r for r in report["requests"] if r["verdict"] == "batch_variance"]
-    assert len(varying) == report["counts"]["batch_variance"]
-    for r in varying:
-        assert r["factor"] in ("prefix_cache", "batch_size")
+    assert factors["order"]["comparison"] == f"order (seed 0) at batch size {n}"
+    for factor, expected in source.differing.items():
+        assert found.get(factor, set()) == set(expected), (factor, source.table)
+        assert factors[factor]["differing"] == len(expected) and factors[factor]["compared"] == n
+        said = "varies under: " if expected else "invariant under: "
+        line = next((line for line in proc.stdout.splitlines() if line.strip().startswith(said)), "")
+        assert factors[factor]["comparison"] in line, (factor, said, proc.stdout[-3000:])
+    for r in report["requests"]:
         if r["factor"] == "prefix_cache":  # both alone: the cache state is the one difference
             assert (r["passes"]["reference_pass"], r["passes"]["other_pass"]) == (0, 1)
             assert r["passes"]["reference_concurrency"] == r["passes"]["other_concurrency"] == 1
-        else:
+        elif r["factor"] == "batch_size":
             assert (r["passes"]["reference_concurrency"], r["passes"]["other_concurrency"]) == (1, n)
-    # the hot pass is proven hot by vLLM's own count; the cold passes are proven cold
+    # the hot pass is proven hot by vLLM's own count, as often as in plain vLLM; the cold passes are proven cold
     db = database_url(suite)
     cached = dict(db_query(db, "select pass_index, sum(cached_tokens > 0) from outputs group by pass_index"))
-    assert cached[0] == 0 and cached[2] == 0 and cached[1] >= factors["prefix_cache"]["differing"]
+    assert cached[0] == 0 and cached[2] == 0 and cached[3] == 0 and cached[1] == source.cache_hits
     assert report["cache_hits"] == [{"pass": 1, "hit": cached[1], "missed": n - cached[1], "unknown": 0}]
     assert report["promoted"] is False
-    assert "NOT promoted" in proc.stdout and "varies under: prefix cache cold→hot" in proc.stdout
-    assert "enable_prefix_caching = false" in proc.stdout  # the remedy is named
+    assert "NOT promoted" in proc.stdout
+    assert "max_num_seqs = 1" in proc.stdout  # the remedy for the batch-size effect is named
     assert_sqlite_beside_suite("sqlite", suite, db)
     assert baselines(db) == []
     # nothing to check against: exit 4, before any inference
@@ -161,17 +174,19 @@ def test_variance_is_attributed_to_its_factor_and_never_promoted(cli, tmp_path, 
 
     # The rotating preset on the same requests: one crowded pass, this turn's slot alone (cold, then hot).
     # It finds exactly what the full schedule found among the requests it ran alone.
-    rotation, turn = 3, rotation_slot("p014", 3)  # p014: a measured batch-size effect (conftest.variance_prompts)
-    rotating = write_suite(tmp_path / "rot", tiny_model, VARIANCE_PROMPTS, max_tokens=16, concurrency=(1, n),
-                           shuffles=0, extra_schedule=f'preset = "rotating"\nrotation = {rotation}')
+    key = source.differing["batch_size"][0]
+    rotation, turn = 3, rotation_slot(key, 3)
+    rotating = source.suite(tmp_path / "rot", concurrency=(1, n), shuffles=0,
+                            extra_schedule=f'preset = "rotating"\nrotation = {rotation}')
     cli.env["EVALGATE_ROTATION_TURN"] = str(turn)
     proc = cli("baseline", "create", rotating, "--json-report", tmp_path / "rot.json", check=1)
     rot = read_json(tmp_path / "rot.json")
-    sample = {f"p{i:03d}" for i in range(n) if rotation_slot(f"p{i:03d}", rotation) == turn}
-    full = {(key, f["factor"]) for f in report["factors"] for key in f["keys"] if key in sample}
-    found = {(key, f["factor"]) for f in rot["factors"] for key in f["keys"]}
-    assert ("p014", "batch_size") in found and found == full, (found, full)
-    assert {r["key"] for r in rot["requests"]} == {key for key, _ in found}
+    keys = [f"p{i:03d}" for i in range(n)]
+    sample = {k for k in keys if rotation_slot(k, rotation) == turn}
+    full = {(k, f) for f in ("batch_size", "prefix_cache") for k in found.get(f, set()) if k in sample}
+    rotated = {(k, f) for f, ks in gate_keys(rot).items() for k in ks}
+    assert (key, "batch_size") in rotated and rotated == full, (rotated, full)
+    assert {r["key"] for r in rot["requests"]} == {k for k, _ in rotated}
     assert {f["factor"]: f["compared"] for f in rot["factors"]} == {"batch_size": len(sample),
                                                                    "prefix_cache": len(sample)}
     assert rot["alone_coverage"] == {"covered": len(sample), "requests": n, "runs": 1, "window": rotation}
@@ -189,21 +204,22 @@ def test_without_a_prefix_cache_there_is_no_prefix_cache_finding(cli, tmp_path, 
     assert "not run: prefix cache hot" in proc.stdout
 
 
-def test_silent_regression_when_only_a_runtime_knob_changed(cli, tmp_path, tiny_model):
-    n = len(VARIANCE_PROMPTS)
-    suite = write_suite(tmp_path / "ws", tiny_model, VARIANCE_PROMPTS, max_tokens=16, concurrency=(1,), shuffles=0,
-                        hot_pass=False)
+def test_silent_regression_when_only_a_runtime_knob_changed(cli, tmp_path, variance_source):
+    """Every request alone in the baseline, all together in the check, on the survey's workload: exactly the
+    requests plain vLLM shows differing alone vs crowded are silent regressions, and nothing else."""
+    source, n = variance_source, variance_source.n
+    suite = source.suite(tmp_path / "ws", concurrency=(1,), shuffles=0, hot_pass=False)
     cli("baseline", "create", suite, "--concurrency", "1", check=0)  # every request alone
     proc = cli("check", suite, "--concurrency", str(n), "--json-report", tmp_path / "r.json")  # all crowded
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = read_json(tmp_path / "r.json")
     assert report["changed_components"] == []  # concurrency is not identity
-    assert report["counts"]["silent_regression"] >= 1
-    assert report["counts"]["batch_variance"] == 0
+    regressed = {r["key"] for r in report["requests"] if r["verdict"] == "silent_regression"}
+    assert regressed == set(source.differing["batch_size"]), source.table
+    assert report["counts"]["silent_regression"] == len(regressed) and report["counts"]["batch_variance"] == 0
     # no condition in common: the two reference passes were compared, and the report says so
     assert report["baseline_pairs"][0]["same_condition"] is False
-    regressed = [r for r in report["requests"] if r["verdict"] == "silent_regression"]
-    assert all(r["components"] == [] for r in regressed)
+    assert all(r["components"] == [] for r in report["requests"] if r["verdict"] == "silent_regression")
     assert "silent_regression" in proc.stdout and "no pass condition in common" in proc.stdout
 
 
@@ -249,3 +265,25 @@ def test_import_stays_light():
             "print(sorted(m for m in ('vllm', 'torch', 'lm_eval', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_fail_on_tokens_lets_bit_drift_pass_and_reports_it(cli, tmp_path, variance_source):
+    """`[gate] fail_on = "tokens"` on the survey's workload: the requests plain vLLM shows differing alone vs
+    crowded in logprob bits only are drift (reported, passing); a token flip, where plain vLLM shows one, fails."""
+    source, n = variance_source, variance_source.n
+    suite = source.suite(tmp_path / "ws", concurrency=(1, n), shuffles=0, hot_pass=False)
+    proc = cli("baseline", "create", suite, "--fail-on", "tokens", "--json-report", tmp_path / "r.json")
+    report = read_json(tmp_path / "r.json")
+    flips = set(source.token_flips["batch_size"])
+    bits_only = set(source.differing["batch_size"]) - flips
+    assert proc.returncode == (1 if flips else 0), proc.stdout[-3000:]
+    assert report["gate"] == {"fail_on": "tokens", "near_tie_margin": 0.1}
+    d = report["differences"]
+    assert d["bits_only"] == d["drift"] == len(bits_only)
+    assert d["token_flips"]["near_tie"] + d["token_flips"]["confident"] == len(flips)
+    assert {r["key"] for r in report["requests"] if r["bits_only"]} == bits_only
+    if bits_only:
+        assert 0 < d["max_delta"] < 1 and d["min_margin"] is not None
+        assert f"drift: {len(bits_only)} request(s) differ in logprob bits only" in proc.stdout
+    assert "gate: fail on tokens" in proc.stdout
+    assert report["promoted"] is (not flips)

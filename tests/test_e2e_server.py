@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from conftest import database_url, db_baselines, db_outputs, db_query, db_runs, read_json, write_suite
-from test_e2e_gate import VARIANCE_PROMPTS
 
 pytestmark = pytest.mark.e2e
 
@@ -180,9 +179,12 @@ def test_openai_matches_in_process_engine_and_never_stores_the_key(key_cli, tmp_
     assert not (tmp_path / "wrong" / "evalgate.sqlite").exists()
 
 
-def test_batch_variance_under_busy_batch(cli, tmp_path, tiny_model):
-    """The tiny fp32 model: alone vs concurrency 16 with 16 filler requests keeping the batch full."""
-    suite = serving_suite(tmp_path / "ws", tiny_model, VARIANCE_PROMPTS, dtype="float32", max_tokens=16,
+def test_batch_variance_under_busy_batch(cli, tmp_path, variance_source):
+    """The survey's workload (tests/variance.py): alone vs concurrency 16 with 16 filler requests keeping the
+    server's batch full. Which requests vary under load depends on the timing of the batches; that some do
+    is what plain vLLM showed alone vs crowded on this machine."""
+    source = variance_source
+    suite = serving_suite(tmp_path / "ws", source.model, source.prompts, dtype=source.dtype, max_tokens=source.max_tokens,
                           concurrency=(1, 16), extra="\n[load]\nfiller = 16\nfiller_max_tokens = 48\n"
                                                       "filler_prompt_words = 24\nconcurrency = [16]\n")
     cli.env = _env(cli.env)
@@ -190,19 +192,19 @@ def test_batch_variance_under_busy_batch(cli, tmp_path, tiny_model):
     report = read_json(tmp_path / "r.json")
     varied = report["counts"]["batch_variance"]
     tokens = sum(1 for r in report["requests"] if r["verdict"] == "batch_variance" and r["divergence"]["kind"] == "token")
-    # The CPU decides how much varies (conftest.variance_prompts: logprob bits only on the current CI
-    # machine, token ids too on an earlier one). If the variance ever vanishes, the negative control is
-    # gone: fail loudly, never skip.
-    assert varied >= 1, (f"no request of {len(VARIANCE_PROMPTS)} varied under load ({tokens} in token ids):\n"
-                         f"{proc.stdout[-3000:]}")
+    assert varied >= 1, (f"no request of {source.n} varied under load ({tokens} in token ids):\n{proc.stdout[-3000:]}\n"
+                         f"plain vLLM alone vs crowded:\n{source.table}")
+    possible = {"batch_size"} | ({"prefix_cache"} if source.differing["prefix_cache"] else set())
+    assert "batch_size" in {f for r in report["requests"] for f in r["passes"]["factors"]} <= possible
     assert report["promoted"] is False
     db = database_url(suite)
     assert db_baselines(db) == []
     passes = _passes(db, 1)
     loaded = [p for p in passes if "load" in p]
     assert [p["concurrency"] for p in loaded] == [16]
-    assert loaded[0]["load"]["sent"] >= 16 and loaded[0]["load"]["completed"] > 0
-    print(f"variance under load: {varied}/{len(VARIANCE_PROMPTS)} ({tokens} in token ids); filler {loaded[0]['load']};",
+    # a slow model's gated pass can end before any 48-token filler does: sent is what proves the busy batch
+    assert loaded[0]["load"]["sent"] >= 16
+    print(f"variance under load: {varied}/{source.n} ({tokens} in token ids); filler {loaded[0]['load']};",
           _throughput(passes))
 
 

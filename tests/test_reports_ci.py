@@ -116,6 +116,7 @@ Suite **smoke \<1\> \& co**, run 7 against baseline run 3: exit 1.
 - varies under: batch size 1→16 (1 request)
 - batch size: removed by batch invariance (batch\_invariant = true on CUDA/ROCm/XPU) or engine.max\_num\_seqs = 1
 - hot pass 1: 3 of 4 requests were served from the prefix cache; 1 was not (a prompt shorter than one cache block is never cached), so for those the hot pass is a repeat
+- gate: fail on bits (any difference fails, down to one logprob bit)
 
 ### Differing requests
 
@@ -159,7 +160,8 @@ def test_step_summary_pass_without_changes():
         "**batch invariance:** in force (VLLM\\_BATCH\\_INVARIANT=1)\n\n"
         "Run 1 is now the baseline for this hardware.\n\n"
         "| verdict | requests |\n|---|---:|\n| stable | 1 |\n| batch_variance | 0 |\n| silent_regression | 0 |\n"
-        "| explained_change | 0 |\n| new | 0 |\n| missing | 0 |\n")
+        "| explained_change | 0 |\n| new | 0 |\n| missing | 0 |\n\n"
+        "- gate: fail on bits (any difference fails, down to one logprob bit)\n")
     assert github.annotations(report) == ""
 
 

@@ -18,7 +18,7 @@ from ..reports.json_report import write_json
 from ..reports.junit import write_infra_error, write_junit
 from ..reports.terminal import render_report
 from ..shard import parse_shard
-from ..suite import find_suite, load_suite
+from ..suite import find_suite, load_suite, with_fail_on
 from .common import VerboseOpt, console, err_console, handled, parse_levels, progress_bar
 
 SuiteArg = typer.Argument(None, help="Suite TOML file (default: ./evalgate.toml or \\[tool.evalgate] in ./pyproject.toml)")
@@ -30,6 +30,8 @@ JsonOpt = typer.Option(None, "--json-report", help="Also write the report as JSO
 ShardOpt = typer.Option(None, "--shard", help="Run only shard I of N (e.g. 2/4) of the requests; needs --group")
 GroupOpt = typer.Option(None, "--group", help="Label shared by the shard runs of one CI run (e.g. $GITHUB_RUN_ID)")
 MergeOpt = typer.Option(False, "--merge", help="Merge the complete shard runs of --group into one run and judge it")
+FailOnOpt = typer.Option(None, "--fail-on", help="Override [gate] fail_on: bits (any difference fails) or tokens "
+                                                 "(logprob-bit drift is reported, token flips fail)")
 JunitOpt = typer.Option(None, "--junit", help="Also write JUnit XML: a testcase per request, an <error> on exit 3 "
                                               "(docs/ci.md)")
 
@@ -61,9 +63,11 @@ def _infra_outputs(exc: BaseException, kind: str, suite_name: str, junit, starte
 
 
 def _run(kind: str, suite_file, db, concurrency, shuffles, repeats, json_report, junit=None, *,
-         shard=None, group=None, merge=False, verbose=False, **kwargs):
+         shard=None, group=None, merge=False, verbose=False, fail_on=None, **kwargs):
     started, timestamp = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="seconds")
     suite = load_suite(find_suite(suite_file), database=db)
+    if fail_on is not None:
+        suite = with_fail_on(suite, fail_on)
     schedule = gate.resolve_schedule(suite, parse_levels(concurrency), shuffles, repeats)
     if merge and (shard or not group):
         raise typer.BadParameter("--merge needs --group and no --shard", param_hint="--merge")
@@ -104,10 +108,10 @@ def create(suite_file: Optional[Path] = SuiteArg, db: Optional[str] = DbOpt, con
            allow_variance: bool = typer.Option(False, "--allow-variance", help="Promote even if passes disagree"),
            json_report: Optional[Path] = JsonOpt, junit: Optional[Path] = JunitOpt,
            shard: Optional[str] = ShardOpt, group: Optional[str] = GroupOpt, merge: bool = MergeOpt,
-           verbose: bool = VerboseOpt):
+           fail_on: Optional[str] = FailOnOpt, verbose: bool = VerboseOpt):
     """Run the suite at every concurrency/order/repeat and store it as the baseline for this hardware."""
     _run("baseline", suite_file, db, concurrency, shuffles, repeats, json_report, junit, shard=shard, group=group,
-         merge=merge, verbose=verbose, allow_variance=allow_variance)
+         merge=merge, verbose=verbose, fail_on=fail_on, allow_variance=allow_variance)
 
 
 @handled
@@ -116,7 +120,7 @@ def check(suite_file: Optional[Path] = SuiteArg, db: Optional[str] = DbOpt, conc
           strict: bool = typer.Option(False, "--strict", help="Explained changes, new and missing requests fail too"),
           json_report: Optional[Path] = JsonOpt, junit: Optional[Path] = JunitOpt,
           shard: Optional[str] = ShardOpt, group: Optional[str] = GroupOpt, merge: bool = MergeOpt,
-          verbose: bool = VerboseOpt):
+          fail_on: Optional[str] = FailOnOpt, verbose: bool = VerboseOpt):
     """Run the suite again; exit 1 on batch variance or a silent regression against the baseline."""
     _run("check", suite_file, db, concurrency, shuffles, repeats, json_report, junit, shard=shard, group=group,
-         merge=merge, verbose=verbose, strict=strict)
+         merge=merge, verbose=verbose, fail_on=fail_on, strict=strict)

@@ -16,7 +16,8 @@ for the keys listed in `fake_vary_with_batch`, the size of the wave the request 
 - top-k: the chosen token first, then k-1 other ids, with logprobs -0.05, -1.05, -2.05, ... plus a
   hash-derived fraction (so bits differ between tokens); the chosen token is top-1;
 - a key in `fake_vary_with_batch` that shares its wave with other requests gets different tokens from the
-  middle of its output on (a batch-size effect, seen as batch variance);
+  middle of its output on (a batch-size effect, seen as batch variance); `max_num_seqs = 1` removes it, as
+  it does in vLLM (one sequence at a time);
 - a prefix cache at request granularity, as vLLM's behaves under cache salts: a request is served from
   the cache (`cached_tokens` = its prompt length) when the same request already ran under the same salt
   (or unsalted) since the last reset; a key in `fake_vary_with_cache` served from the cache gets different
@@ -134,7 +135,9 @@ class FakeEngine(Engine):
             time.sleep(self.delay)
         hits = [(cache_salt, p.key) in self._cache for p in prompts]
         self._cache.update((cache_salt, p.key) for p in prompts)
-        return [self._complete(p, crowded=len(prompts) > 1, cached=hit) for p, hit in zip(prompts, hits)]
+        # max_num_seqs = 1: one sequence at a time, as vLLM schedules it, so no request has company
+        crowded = len(prompts) > 1 and self.suite.engine_args.get("max_num_seqs") != 1
+        return [self._complete(p, crowded=crowded, cached=hit) for p, hit in zip(prompts, hits)]
 
     def _complete(self, prompt: Prompt, *, crowded: bool, cached: bool) -> Completion:
         prompt_ids = self.tokenize(prompt)

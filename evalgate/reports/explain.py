@@ -75,8 +75,32 @@ def one_line(v: RequestVerdict, *, compact: bool = False) -> str:
     ref, cur = divergence_tokens(d, compact=compact)
     margin = f" (margin {margin_text(d.margin)})" if d.margin is not None else ""
     reason = why(v)
-    return f"{v.verdict} at token {d.position} ({d.kind}): reference {ref}, current {cur}{margin}" + (
+    flip = f" [{FLIP_WORDS[v.flip]}]" if v.flip else ""
+    return f"{v.verdict} at token {d.position} ({d.kind}){flip}: reference {ref}, current {cur}{margin}" + (
         f"; {reason}" if reason else "")
+
+
+FLIP_WORDS = {"near_tie": "near-tie flip", "confident": "confident flip"}
+
+
+def gate_lines(d: dict | None) -> list[str]:
+    """The judging level, then how the differences split: bits only (drift) or token flips, near ties apart
+    from confident ones (`d`: verdict.Report.differences(); policy.py). None: a run judged before [gate]."""
+    if not d:
+        return []
+    if d["fail_on"] == "tokens":
+        lines = [f"gate: fail on tokens (token flips fail; logprob-bit drift is reported and passes; near tie: margin "
+                 f"< {d['near_tie_margin']:g})"]
+    else:
+        lines = ["gate: fail on bits (any difference fails, down to one logprob bit)"]
+    flips = d["token_flips"]
+    if d["bits_only"] or flips["near_tie"] or flips["confident"]:
+        bits = (f"{d['bits_only']} in logprob bits only (largest |Δ| {d['max_delta']:.3g}, smallest margin "
+                f"{margin_text(d['min_margin']) or 'unknown'})" if d["bits_only"] else "none in bits only")
+        lines.append(f"differences: {bits}; token flips: {flips['near_tie']} near-tie, {flips['confident']} confident")
+    if d["drift"]:
+        lines.append(f"drift: {d['drift']} request(s) differ in logprob bits only: reported, not failing (fail_on = tokens)")
+    return lines
 
 
 def verdict_from_dict(data: dict) -> RequestVerdict:
@@ -87,6 +111,8 @@ def verdict_from_dict(data: dict) -> RequestVerdict:
         key=data["key"], verdict=data["verdict"], location=data.get("location"),
         divergence=Divergence(**{k: v for k, v in div.items() if k in fields}) if div else None,
         passes=data.get("passes"), components=list(data.get("components") or []), factor=data.get("factor"),
+        kinds=frozenset({"logprob"} if data.get("bits_only") else ()), max_delta=data.get("max_delta"),
+        flip=data.get("flip"),
     )
 
 
@@ -174,6 +200,10 @@ def failure_text(v: RequestVerdict, fingerprint_changes: dict | None = None) -> 
             f"current token:   {cur}",
             f"margin: {margin_text(d.margin) or 'unknown'} (reference top-1 minus top-2 logprob at that position)",
         ]
+        if v.flip:
+            lines.append(f"flip: {FLIP_WORDS[v.flip]}")
+        elif v.bits_only:
+            lines.append(f"logprob bits only: token ids equal, largest |Δ logprob| {v.max_delta:.3g}")
     if v.verdict == "batch_variance" and v.passes:
         p = v.passes
         lines.append(f"factor: {v.factor or 'unattributed'} ({words(v.factor)})")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, TextIO
 
 from ..verdict import VERDICTS, Report, RequestVerdict
-from .explain import (STACK_NAMES, divergence_tokens, factor_lines, invariance, is_failure, margin_text, one_line,
+from .explain import (STACK_NAMES, divergence_tokens, factor_lines, gate_lines, invariance, is_failure, margin_text, one_line,
                       split_location, why)
 
 MAX_SUMMARY_ROWS = 20
@@ -139,6 +139,7 @@ def step_summary(report: Report, fingerprint_changes: Mapping[str, str] | None =
         lines.append(f"| {'**' + name + '**' if fails else name} | {counts[name]} |")
     lines.append("")
     factors = factor_lines(report.factors, report.cache_hits, report.not_run, report.alone_coverage)
+    factors += gate_lines(report.differences())
     if factors:
         lines += [f"- {md_text(line.strip())}" for line in factors] + [""]
 

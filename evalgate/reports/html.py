@@ -19,7 +19,7 @@ from ..fingerprint import delta, describe_changes
 from ..records import Completion
 from ..store import display_status
 from ..verdict import FAILURES, VERDICTS, RequestVerdict
-from .explain import STACK_NAMES, factor_lines, invariance, margin_text, one_line, token_label, verdict_from_dict, why
+from .explain import STACK_NAMES, factor_lines, gate_lines, invariance, margin_text, one_line, token_label, verdict_from_dict, why
 
 MAX_REQUESTS = 500  # token diffs rendered; the rest are listed by key only
 MAX_PROMPT_CHARS = 4000
@@ -39,7 +39,7 @@ code, .mono { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, mono
 .badge { display: inline-block; padding: 0 .45rem; border-radius: .8rem; font-size: .85rem; font-weight: 600;
          border: 1px solid transparent; }
 .v-stable, .s-pass, .s-complete { background: #dafbe1; color: #116329; }
-.v-batch_variance, .v-silent_regression, .s-regression, .s-failed, .s-interrupted { background: #ffebe9;
+.v-batch_variance, .v-silent_regression, .s-regression, .s-batch_variance, .s-silent_regression, .s-failed, .s-interrupted { background: #ffebe9;
          color: #a40e26; }
 .v-explained_change, .s-running { background: #fff8c5; color: #7d4e00; }
 .v-new, .v-missing { background: #ddf4ff; color: #0a3069; }
@@ -156,6 +156,31 @@ def _side(side: Side, position: int | None) -> str:
     return f'<div class="side"><h4>{e(side.label)}</h4>{body}</div>'
 
 
+def _named_verdict(page) -> str:
+    """A failing run named by what failed it (a baseline with batch variance is no regression of anything)."""
+    failed = [name for name in FAILURES if (page.counts or {}).get(name)]
+    return "regression" if page.verdict == "regression" and not failed else (
+        " + ".join(failed) if page.verdict == "regression" else page.verdict)
+
+
+def _factor_table(factors: list[dict], cache_hits: list[dict]) -> str:
+    """What varies here, at a glance: one row per comparison the run made, with a bar of its share."""
+    hits = {h["pass"]: h for h in cache_hits}
+    rows = []
+    for f in factors:
+        share = f["differing"] / f["compared"] if f.get("compared") else 0.0
+        hit = hits.get(f["pass"])
+        rows.append(
+            f"<tr{' class=warn' if f['differing'] else ''}><td>{e(f['factor'])}</td><td>{e(f['comparison'])}</td>"
+            f"<td>pass {e(f['reference_pass'])} → {e(f['pass'])}</td>"
+            f"<td class=num>{e(f['differing'])}/{e(f.get('compared', ''))}</td>"
+            f"<td class=num>{e(hit['hit']) if hit else ''}</td>"
+            f'<td><span class=bar style="display:inline-block;height:0.8em;background:#c0392b;width:{100 * share:.0f}px">'
+            f"</span></td></tr>")
+    return ('<table class="factors"><tr><th>factor</th><th>comparison</th><th>passes</th><th>differing/compared</th>'
+            "<th>cache hits</th><th></th></tr>" + "".join(rows) + "</table>")
+
+
 def _badge(verdict: str, prefix: str = "v") -> str:
     return f'<span class="badge {prefix}-{e(verdict)}">{e(verdict)}</span>'
 
@@ -207,7 +232,7 @@ def render_html(page: ReportPage) -> str:
 
     rows = [("suite", e(page.suite_name)), ("run", e(page.run_id)), ("kind", e(page.kind)),
             ("status", _badge(page.status, "s")),
-            ("verdict", _badge(page.verdict, "s") if page.verdict else ""),
+            ("verdict", _badge(_named_verdict(page), "s") if page.verdict else ""),
             ("exit code", e(page.exit_code)),
             ("baseline run", e(page.baseline_run_id) if page.baseline_run_id is not None else "none"),
             ("suite file", f"<code>{e(page.suite_path)}</code>" if page.suite_path else ""),
@@ -221,9 +246,11 @@ def render_html(page: ReportPage) -> str:
                            judged.get("alone_coverage"))
     if factors:
         out.append("<h2>Factors</h2>")
-        warn = ("varies", "  ", "not run")
+        out.append(_factor_table(judged.get("factors") or [], judged.get("cache_hits") or []))
+        warn = ("varies", "  ", "not run", "drift")
         out.append('<ul class="factors">' + "".join(
-            f"<li{' class=warn' if line.startswith(warn) else ''}>{e(line.strip())}</li>" for line in factors) + "</ul>")
+            f"<li{' class=warn' if line.startswith(warn) else ''}>{e(line.strip())}</li>"
+            for line in factors + gate_lines(judged.get("differences"))) + "</ul>")
 
     out.append("<h2>Verdicts</h2>")
     if page.counts:

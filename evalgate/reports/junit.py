@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..verdict import Report, RequestVerdict
 from .atomic import write_text_atomic
-from .explain import failure_text, is_failure, one_line, split_location
+from .explain import failure_text, one_line, split_location
 
 _ILLEGAL_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
@@ -70,8 +70,9 @@ def junit_xml(report: Report, *, suite_file: str | Path | None = None, duration:
 
     root = ET.Element("testsuites", {"name": _xml_safe(f"evalgate {report.kind} {report.suite_name}")})
     totals = {"tests": 0, "failures": 0}
+    failing_ids = {id(v) for v in report.failing}  # the policy decides (fail_on = "tokens": drift passes)
     for label, verdicts in groups.items():
-        failing = [v for v in verdicts if is_failure(v.verdict, report.strict)]
+        failing = [v for v in verdicts if id(v) in failing_ids]
         attrs = {"name": label, "errors": "0", "failures": str(len(failing)), "skipped": "0",
                  "tests": str(len(verdicts)), "time": _seconds(duration if len(groups) == 1 else None)}
         if timestamp:
@@ -82,11 +83,11 @@ def junit_xml(report: Report, *, suite_file: str | Path | None = None, duration:
         props = _sub(suite_el, "properties")
         for name, value in (("suite", report.suite_name), ("kind", report.kind), ("run_id", str(report.run_id)),
                             ("baseline_run_id", "" if report.baseline_run_id is None else str(report.baseline_run_id)),
-                            ("strict", str(report.strict).lower())):
+                            ("strict", str(report.strict).lower()), ("fail_on", report.policy.fail_on)):
             _sub(props, "property", name=name, value=value)
         for v in verdicts:
             case = _sub(suite_el, "testcase", classname=label, name=v.key, time="0.000")
-            if is_failure(v.verdict, report.strict):
+            if id(v) in failing_ids:
                 failure = _sub(case, "failure", message=one_line(v), type=v.verdict)
                 failure.text = _xml_safe(failure_text(v, fingerprint_changes))
         totals["tests"] += len(verdicts)

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from ..factors import REMEDIES, words
 from ..verdict import FAILURES, Report
-from .explain import batch_bisectable, divergence_tokens, factor_lines, margin_text, one_line, why
+from .explain import batch_bisectable, divergence_tokens, factor_lines, gate_lines, margin_text, one_line, why
 
 STYLE = {
     "stable": "green", "batch_variance": "bold red", "silent_regression": "bold red",
@@ -46,6 +46,8 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
     console.print(counts)
     for line in factor_lines(report.factors, report.cache_hits, report.not_run, report.alone_coverage):
         console.print(escape(line), style="yellow" if line.startswith(("varies", "  ", "not run")) else "", soft_wrap=True)
+    for line in gate_lines(report.differences()):
+        console.print(escape(line), style="yellow" if line.startswith("drift") else "", soft_wrap=True)
     for pair in report.baseline_pairs:
         if not pair.get("same_condition", True):
             console.print(escape(f"no pass condition in common with the baseline: compared {pair['condition']}"),
