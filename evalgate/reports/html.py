@@ -39,7 +39,8 @@ code, .mono { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, mono
 .badge { display: inline-block; padding: 0 .45rem; border-radius: .8rem; font-size: .85rem; font-weight: 600;
          border: 1px solid transparent; }
 .v-stable, .s-pass, .s-complete { background: #dafbe1; color: #116329; }
-.v-batch_variance, .v-silent_regression, .s-regression, .s-batch_variance, .s-silent_regression, .s-failed, .s-interrupted { background: #ffebe9;
+.v-batch_variance, .v-silent_regression, .s-regression, .s-batch_variance, .s-silent_regression,
+.s-failed, .s-interrupted { background: #ffebe9;
          color: #a40e26; }
 .v-explained_change, .s-running { background: #fff8c5; color: #7d4e00; }
 .v-new, .v-missing { background: #ddf4ff; color: #0a3069; }
