@@ -46,6 +46,8 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
     console.print(counts)
     for line in factor_lines(report.factors, report.cache_hits, report.not_run, report.alone_coverage):
         console.print(escape(line), style="yellow" if line.startswith(("varies", "  ", "not run")) else "", soft_wrap=True)
+    for line in comparison_rows(report.factors, report.cache_hits):
+        console.print(escape(line), style="yellow" if "█" in line else "", soft_wrap=True)
     for line in gate_lines(report.differences()):
         console.print(escape(line), style="yellow" if line.startswith("drift") else "", soft_wrap=True)
     for pair in report.baseline_pairs:
@@ -92,6 +94,19 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
             fixes = "; ".join(f"{words(f)}: {REMEDIES[f]}" for f in _varying(report) if f in REMEDIES)
             console.print(f"[red]run {report.run_id} was NOT promoted to baseline[/]: its passes disagree. "
                           + escape(f"Fix the variance ({fixes or 'batch invariance, max_num_seqs=1'}) or pass --allow-variance."))
+
+
+def comparison_rows(factors: list[dict], cache_hits: list[dict]) -> list[str]:
+    """What varies here at a glance, one line per comparison (the HTML report's Factors table)."""
+    hits = {h["pass"]: h["hit"] for h in cache_hits}
+    width = max((len(f["comparison"]) for f in factors), default=0)
+    rows = []
+    for f in factors:
+        share = f["differing"] / f["compared"] if f.get("compared") else 0.0
+        hit = f"  {hits[f['pass']]} cache hits" if f["pass"] in hits else ""
+        rows.append(f"  {f['comparison']:<{width}}  {f['factor']:<14} {f['differing']:>4}/{f.get('compared', 0):<4} "
+                    f"{'█' * round(20 * share):<20}{hit}")
+    return ["comparisons (differing/compared):"] + rows if rows else []
 
 
 def next_steps(report: Report) -> list[str]:
