@@ -32,7 +32,8 @@ def test_demo_where_the_engine_varies_teaches_it_then_goes_on(cli, tmp_path, smo
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-3000:]
     lesson = out[out.index("what varies on this machine"):]
     assert re.search(r"batch size 1→8: 2 of \d+ requests differ", lesson), lesson[:3000]
-    assert "chat-01: a token flip at output token" in lesson and "concurrency 1: '" in lesson and "concurrency 8: '" in lesson
+    assert re.search(r"chat-01: a (near-tie|confident) token flip at output token \d+ \(margin ", lesson)
+    assert "concurrency 1: '" in lesson and "concurrency 8: '" in lesson  # both answers, side by side
     assert "why: batch-invariant kernels are not in force here" in lesson
     assert "removed by: max_num_seqs = 1 (batch size)" in lesson
     assert "the remedy, measured: its passes agree" in lesson and "output tokens/s" in lesson

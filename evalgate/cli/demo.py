@@ -10,6 +10,7 @@ from .. import gate
 from ..demo import (PERTURBATION, PERTURBED_TENSOR, crowded_tokens_per_second, perturb, remedy_args, with_engine_args,
                     write_workspace)
 from ..factors import words
+from ..reports.explain import margin_text
 from ..reports.terminal import render_report
 from ..suite import load_suite
 from .common import console, handled, progress_bar
@@ -97,8 +98,8 @@ def remove_variance(suite_path: Path, suite, created):
     for v in flips:
         d, p = v.divergence, v.passes
         by_pass = {c.pass_index: c.text for c in outputs[v.key]}
-        console.print(f"{v.key}: a token flip at output token {d.position} (margin {d.margin:.3g}, "
-                      f"{'near tie' if v.flip == 'near_tie' else 'confident'})")
+        kind = {"near_tie": "a near-tie token flip", "confident": "a confident token flip"}.get(v.flip, f"a {d.kind} change")
+        console.print(f"{v.key}: {kind} at output token {d.position} (margin {margin_text(d.margin) or 'unknown'})")
         console.print(f"  concurrency {p['reference_concurrency']}: {by_pass.get(p['reference_pass'], '').strip()!r}")
         console.print(f"  concurrency {p['other_concurrency']}: {by_pass.get(p['other_pass'], '').strip()!r}")
     inv = created.batch_invariance or {}
