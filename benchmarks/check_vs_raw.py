@@ -47,9 +47,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
 
-    from evalgate.schedule import plan_passes, waves
-    from evalgate.suite import load_suite
-    from evalgate.tinymodel import cached_model
+    from evalgate.configuration.schedule import plan_passes, waves
+    from evalgate.configuration.suite import load_suite
+    from evalgate.models.tinymodel import cached_model
 
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TQDM_DISABLE": "1",

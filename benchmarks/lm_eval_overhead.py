@@ -26,9 +26,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from evalgate import gate
-    from evalgate.runner import Timings
-    from evalgate.suite import load_suite
-    from evalgate.tinymodel import cached_model
+    from evalgate.execution.runner import Timings
+    from evalgate.configuration.suite import load_suite
+    from evalgate.models.tinymodel import cached_model
 
     work = Path(tempfile.mkdtemp(prefix="evalgate-bench-lm-eval-"))
     shutil.copytree(EXAMPLE / "tasks", work / "tasks")

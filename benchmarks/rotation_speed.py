@@ -54,8 +54,8 @@ file = "prompts.jsonl"
 
 def findings(store, run_id: int) -> set[tuple[str, str]]:
     """(request, factor) of every comparison in the run whose outputs differ."""
-    from evalgate.compare import pass_differences
-    from evalgate.schedule import passes_of
+    from evalgate.judgement.compare import pass_differences
+    from evalgate.configuration.schedule import passes_of
 
     record = store.load(run_id)
     passes = passes_of(record.run.schedule)
@@ -76,10 +76,10 @@ def main() -> None:
     parser.add_argument("--rotation", type=int, nargs="+", default=[8, 16])
     args = parser.parse_args()
 
-    from evalgate.runner import TURN_ENV, Timings, execute, load_engine
+    from evalgate.execution.runner import TURN_ENV, Timings, execute, load_engine
     from evalgate.store import open_store
-    from evalgate.suite import load_suite
-    from evalgate.tinymodel import cached_model
+    from evalgate.configuration.suite import load_suite
+    from evalgate.models.tinymodel import cached_model
 
     load = os.getloadavg()[0]
     model = cached_model("tiny")

@@ -35,13 +35,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="evalgate-bench-"))
     model = Path(args.model) if args.model else work / "tiny"
     if not args.model:
-        from evalgate.tinymodel import build_model
+        from evalgate.models.tinymodel import build_model
 
         build_model(model, "tiny", seed=0)
 
     from evalgate.engines.openai_api import OpenAIEngine
     from evalgate.engines.vllm_server import ServerProcess
-    from evalgate.suite import load_suite
+    from evalgate.configuration.suite import load_suite
 
     server = ServerProcess(model, {"dtype": "float32", "max_model_len": 512, "enforce_eager": True, "seed": 0},
                            startup_timeout=300).start()

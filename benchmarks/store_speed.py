@@ -48,7 +48,7 @@ def synthetic(requests: int, passes: int, tokens: int, top_k: int, distinct: boo
 
 
 def suite_for(work: Path, requests: int):
-    from evalgate.suite import load_suite
+    from evalgate.configuration.suite import load_suite
 
     (work / "model").mkdir()
     (work / "model" / "config.json").write_text("{}")
@@ -67,7 +67,7 @@ def fingerprint() -> dict:
 
 def measure(args, distinct: bool) -> dict:
     from evalgate.store import Store
-    from evalgate.verdict import judge
+    from evalgate.judgement.verdict import judge
 
     work = Path(tempfile.mkdtemp(prefix="evalgate-store-bench-"))
     suite = suite_for(work, args.requests)

@@ -1,7 +1,7 @@
 """`evalgate cost`: the price of determinism, measured (docs/cost.md).
 
 The suite's schedule runs once per candidate engine configuration, each in its own engine process
-(evalgate/worker.py), and is stored as a run of kind `cost`. For every candidate:
+(evalgate/execution/worker.py), and is stored as a run of kind `cost`. For every candidate:
 
 - throughput: output tokens/s per concurrency level, the median over that level's passes. A pass's figure
   is its output tokens over the seconds its waves took (the runner's `timings["passes"]`).
@@ -33,13 +33,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .config import check_keys, not_json, read_toml
+from .configuration.config import check_keys, not_json, read_toml
 from .engines.base import COMMON_KEYS, INVARIANCE_PLATFORMS
 from .errors import ConfigError, EngineError, EvalgateError, ExitCode, MissingDependency
-from .processes import peak_rss
-from .schedule import Schedule
+from .execution.processes import peak_rss
+from .configuration.schedule import Schedule
 from .store import existing_store
-from .suite import Suite
+from .configuration.suite import Suite
 
 COST_SCHEMA = "evalgate.cost/1"
 RUN_KIND = "cost"
@@ -287,7 +287,7 @@ def candidate_suite(suite: Suite, candidate: Candidate) -> Suite:
 
 
 def check_schedule(schedule: Schedule) -> None:
-    from .schedule import HOT, plan_passes
+    from .configuration.schedule import HOT, plan_passes
 
     if len([p for p in plan_passes(schedule) if p.cache != HOT]) < 2:  # hot passes are not timed (level_figures)
         raise ConfigError("the schedule has one pass: invariance cannot be judged, nor a warm-up left out",
@@ -567,10 +567,10 @@ def run_cost(suite: Suite, candidates: list[Candidate], *, schedule: Schedule | 
 
 def _measure(suite: Suite, candidate: Candidate, index: int, count: int, schedule: Schedule, url: str,
              listener: Listener, walls: list[float]) -> CandidateResult:
-    from .runner import Timings
+    from .execution.runner import Timings
     from .store import open_store
-    from .verdict import judge
-    from .worker import run_in_worker
+    from .judgement.verdict import judge
+    from .execution.worker import run_in_worker
 
     started = time.perf_counter()
     rss = _PeakRss()

@@ -1,6 +1,6 @@
 """The gate, as a library: create a baseline, check against it, accept a run. The CLI wraps these.
 
-A run's inference happens in a supervised child process (evalgate/worker.py); this process only opens
+A run's inference happens in a supervised child process (evalgate/execution/worker.py); this process only opens
 the database, judges the stored outputs and finishes the run.
 """
 
@@ -12,14 +12,14 @@ import time
 from .errors import ConfigError, EngineError, NoBaselineError
 from .fingerprint import component, hardware_component
 from .fingerprint import delta as fingerprint_delta
-from .runner import Progress, Timings
-from .scores import compare_scores, task_changes
-from .shard import Shard
+from .execution.runner import Progress, Timings
+from .judgement.scores import compare_scores, task_changes
+from .configuration.shard import Shard
 from .store import Run, Store, existing_store, open_store
-from .schedule import ROTATING, Schedule, with_overrides
-from .suite import Suite
-from .verdict import Report, judge
-from .worker import run_in_worker
+from .configuration.schedule import ROTATING, Schedule, with_overrides
+from .configuration.suite import Suite
+from .judgement.verdict import Report, judge
+from .execution.worker import run_in_worker
 
 
 def _database(suite: Suite, store: Store | str | None) -> str:

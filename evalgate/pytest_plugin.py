@@ -37,7 +37,7 @@ class SuiteCollector(pytest.File):
     """The request keys of a suite file (loading it needs no engine)."""
 
     def collect(self):
-        from .suite import load_suite
+        from .configuration.suite import load_suite
 
         suite = load_suite(self.path, database=self.config.getoption("evalgate_db"))
         self.session_run = SuiteRun(suite, self.config)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from evalgate.bisect.commits import SKIP, STOP, CommitsResult, _FIRST_BAD, _skipped_candidates, step
-from evalgate.processes import group_members
+from evalgate.execution.processes import group_members
 from evalgate.store import open_store
 
 from conftest import write_suite

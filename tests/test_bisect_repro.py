@@ -17,7 +17,7 @@ from evalgate.errors import ConfigError
 from evalgate.fingerprint import COMPONENTS, component
 from evalgate.records import Completion
 from evalgate.store import Store
-from evalgate.suite import load_suite
+from evalgate.configuration.suite import load_suite
 
 PROMPT_IDS = {"a": [1, 10, 11], "b": [1, 20], "c": [1, 30, 31, 32]}
 

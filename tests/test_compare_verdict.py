@@ -11,13 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evalgate.compare import first_divergence, within_run
+from evalgate.judgement.compare import first_divergence, within_run
 from evalgate.errors import ExitCode
 from evalgate.fingerprint import COMPONENTS, component
 from evalgate.records import Completion
-from evalgate.schedule import Schedule, plan_passes
+from evalgate.configuration.schedule import Schedule, plan_passes
 from evalgate.store import RunRecord
-from evalgate.verdict import REPORT_SCHEMA, VERDICTS, Report, RequestVerdict, judge
+from evalgate.judgement.verdict import REPORT_SCHEMA, VERDICTS, Report, RequestVerdict, judge
 
 
 def flip_last_bit(x: float) -> float:

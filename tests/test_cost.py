@@ -11,7 +11,7 @@ import pytest
 
 from evalgate import cost
 from evalgate.errors import ConfigError, ExitCode
-from evalgate.suite import Schedule
+from evalgate.configuration.suite import Schedule
 
 from conftest import write_suite
 
@@ -276,7 +276,7 @@ def test_cli_config_errors_exit_2_and_write_nothing(tmp_path):
 
 
 def test_the_suite_files_own_cost_table_is_read(tmp_path):
-    from evalgate.suite import load_suite
+    from evalgate.configuration.suite import load_suite
 
     model = tmp_path / "model"
     model.mkdir()

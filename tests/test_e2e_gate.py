@@ -21,7 +21,7 @@ import sys
 import pytest
 from sqlalchemy.exc import SQLAlchemyError
 
-from evalgate.schedule import rotation_slot
+from evalgate.configuration.schedule import rotation_slot
 from conftest import (SQLITE_IN_SUITE_DIR, database_url, db_baselines, db_exists, db_query, db_runs, read_json,
                       sqlite_file, variance_prompts, write_suite)
 

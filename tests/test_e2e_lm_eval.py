@@ -147,9 +147,9 @@ def test_loglikelihoods_agree_with_lm_eval_hf_backend(workspace):
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
-    from evalgate.lmeval import loglikelihood_result, prepare
+    from evalgate.lmeval.tasks import loglikelihood_result, prepare
     from evalgate.store import open_store
-    from evalgate.suite import load_suite
+    from evalgate.configuration.suite import load_suite
 
     ws, cli, root = workspace
     suite = load_suite(ws / "evalgate.toml")

@@ -10,8 +10,8 @@ from evalgate import engines
 from evalgate.engines import BUILTIN_ENGINES, Engine, engine_class
 from evalgate.engines.fake import FakeEngine
 from evalgate.errors import ConfigError, EngineError, ExitCode, MissingDependency, NoBaselineError, error_for_exit_code
-from evalgate.prompts import Prompt
-from evalgate.suite import load_suite
+from evalgate.configuration.prompts import Prompt
+from evalgate.configuration.suite import load_suite
 
 from conftest import write_suite
 

@@ -24,7 +24,7 @@ from evalgate.fingerprint import (
     tokenizer_component,
 )
 from evalgate.hashing import digest
-from evalgate.suite import load_suite
+from evalgate.configuration.suite import load_suite
 
 
 @pytest.fixture(autouse=True)

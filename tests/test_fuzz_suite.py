@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from evalgate.errors import ConfigError
 from evalgate.hashing import canonical_json
-from evalgate.prompts import load_prompts
-from evalgate.suite import SAMPLING_KEYS, Suite, load_suite
+from evalgate.configuration.prompts import load_prompts
+from evalgate.configuration.suite import SAMPLING_KEYS, Suite, load_suite
 
 # EVALGATE_FUZZ_EXAMPLES=5000 fuzzes deeper (the default keeps the whole module near 10 s on 2 cores).
 FUZZ = settings(max_examples=int(os.environ.get("EVALGATE_FUZZ_EXAMPLES", "150")), deadline=None, database=None,

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from evalgate.errors import ConfigError
-from evalgate.lmeval import _anchor_data_paths, _data_hashes, _portable_config, loglikelihood_result, prepare
+from evalgate.lmeval.tasks import _anchor_data_paths, _data_hashes, _portable_config, loglikelihood_result, prepare
 from evalgate.records import Completion
-from evalgate.prompts import Prompt
-from evalgate.suite import load_suite
+from evalgate.configuration.prompts import Prompt
+from evalgate.configuration.suite import load_suite
 
 EXAMPLE_TASKS = Path(__file__).resolve().parents[1] / "examples" / "lm_eval" / "tasks"
 

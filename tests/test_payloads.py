@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from evalgate.fingerprint import COMPONENTS, component, fingerprint_hash
 from evalgate.records import Completion, StoredCompletion, decode_payload, encode_payload, pack_floats, pack_ids
-from evalgate.schedule import Schedule, plan_passes
+from evalgate.configuration.schedule import Schedule, plan_passes
 from evalgate.store import Store
 from evalgate.store.db import _alembic_config
-from evalgate.suite import load_suite
-from evalgate.verdict import judge
+from evalgate.configuration.suite import load_suite
+from evalgate.judgement.verdict import judge
 
 
 def bits(values) -> list[bytes]:

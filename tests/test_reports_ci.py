@@ -12,12 +12,12 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from evalgate.compare import Divergence
+from evalgate.judgement.compare import Divergence
 from evalgate.records import Completion
 from evalgate.reports import github
 from evalgate.reports.html import ReportPage, RequestDiff, Side, render_html
 from evalgate.reports.junit import infra_error_xml, junit_xml
-from evalgate.verdict import Report, RequestVerdict
+from evalgate.judgement.verdict import Report, RequestVerdict
 
 NASTY = "caps%:,\r\n<&\"'\U0001F980"  # percent, CR, LF, colon, comma, markup, quotes, an emoji
 WS = "/ci/work"  # the workspace (GITHUB_WORKSPACE)

@@ -9,8 +9,8 @@ import pytest
 
 from conftest import read_json, write_suite
 from evalgate.errors import ConfigError
-from evalgate.schedule import COLD, HOT, ROTATING, Schedule, plan_passes, rotation_slot, waves
-from evalgate.suite import load_suite
+from evalgate.configuration.schedule import COLD, HOT, ROTATING, Schedule, plan_passes, rotation_slot, waves
+from evalgate.configuration.suite import load_suite
 
 KEYS = [f"req-{i}" for i in range(500)]
 

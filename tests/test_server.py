@@ -19,7 +19,7 @@ from evalgate.engines.openai_api import ApiClient, RequestFailed
 from evalgate.records import rank_top
 from evalgate.engines.vllm_server import cli_flags
 from evalgate.errors import ConfigError
-from evalgate.suite import load_suite
+from evalgate.configuration.suite import load_suite
 
 KEY = "fake-key-4f1c9e"
 

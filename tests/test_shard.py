@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from evalgate.errors import ConfigError
-from evalgate.shard import Shard, parse_shard, shard_index
+from evalgate.configuration.shard import Shard, parse_shard, shard_index
 
 
 def test_shards_partition_the_keys():

@@ -64,7 +64,7 @@ def test_missing_wheel_is_a_usage_error_naming_the_pip_command(tmp_path):
 def test_a_file_that_is_not_the_expected_gguf_is_refused(tmp_path):
     gguf = pytest.importorskip("gguf")
     from evalgate.errors import ConfigError
-    from evalgate.smollm2 import build_smollm2
+    from evalgate.models.smollm2 import build_smollm2
 
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"PK\x03\x04 not a gguf")

@@ -60,7 +60,7 @@ def logical_db_bytes(db: Path) -> int:
 def test_soak_many_checks_one_database(tmp_path, tiny_model, evalgate_home, monkeypatch, record_property):
     from evalgate import gate
     from evalgate.store import open_store
-    from evalgate.suite import load_suite
+    from evalgate.configuration.suite import load_suite
 
     n_checks = int(os.environ.get("EVALGATE_SOAK_CHECKS", "200"))
     assert n_checks >= 10, "EVALGATE_SOAK_CHECKS: at least 10 checks"

@@ -21,7 +21,7 @@ from evalgate.fingerprint import COMPONENTS, component, fingerprint_hash
 from evalgate.records import Completion
 from evalgate.store import RunRecord, Store
 from evalgate.store.db import head_revision
-from evalgate.suite import load_suite
+from evalgate.configuration.suite import load_suite
 
 TABLES = {"alembic_version", "fingerprints", "runs", "requests", "outputs", "payloads", "verdicts", "baselines", "scores", "sample_scores",
           "cost_results", "bisect_sessions", "bisect_trials"}
@@ -400,7 +400,7 @@ def test_a_running_run_whose_owner_is_gone_is_abandoned(db_url, suite):
     import socket
     import subprocess
 
-    from evalgate.processes import current_owner
+    from evalgate.execution.processes import current_owner
     from evalgate.store import display_status
 
     store = Store(db_url)

@@ -21,7 +21,7 @@ from evalgate.store import Store
 from evalgate.store.db import head_revision
 from evalgate.store.models import Base
 from evalgate.store.portable import NUL_MARK
-from evalgate.suite import load_suite
+from evalgate.configuration.suite import load_suite
 from test_store import PROMPT_IDS, completion, fingerprint, new_run, suite  # noqa: F401 (suite: a fixture)
 
 EVALGATE_TABLES = set(Base.metadata.tables) | {"alembic_version"}
@@ -163,7 +163,7 @@ OPENER = r"""
 import os, sys, time
 sys.path.insert(0, sys.argv[3])
 from evalgate.store import Store
-from evalgate.suite import load_suite
+from evalgate.configuration.suite import load_suite
 from test_store import PROMPT_IDS, fingerprint
 url, suite_path, _, ready, go = sys.argv[1:6]
 open(ready, "w").close()

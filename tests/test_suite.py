@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from evalgate.errors import ConfigError, ExitCode
-from evalgate.schedule import Pass, comparison_label, passes_of, plan_passes, waves, with_overrides
-from evalgate.prompts import load_prompts
-from evalgate.suite import DEFAULT_DATABASE, Schedule, load_suite, resolve_database_url
+from evalgate.configuration.schedule import Pass, comparison_label, passes_of, plan_passes, waves, with_overrides
+from evalgate.configuration.prompts import load_prompts
+from evalgate.configuration.suite import DEFAULT_DATABASE, Schedule, load_suite, resolve_database_url
 
 PROMPTS = [{"id": "greet", "prompt": "Hello"}, {"id": 7, "prompt": "Bonjour ✓", "max_tokens": 3,
                                                  "metadata": {"lang": "fr"}}]
@@ -453,7 +453,7 @@ def test_with_overrides():
 
 
 def test_integer_and_float_spellings_of_a_float_parameter_hash_alike(tmp_path):
-    from evalgate.suite import load_suite
+    from evalgate.configuration.suite import load_suite
 
     model = tmp_path / "m"
     model.mkdir()

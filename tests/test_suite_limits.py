@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-import evalgate.config as config_mod
-import evalgate.prompts as prompts_mod
+import evalgate.configuration.config as config_mod
+import evalgate.configuration.prompts as prompts_mod
 from evalgate.errors import ConfigError, ExitCode
-from evalgate.config import MAX_SUITE_BYTES
-from evalgate.prompts import DEFAULT_MAX_PROMPTS_BYTES, MAX_PROMPTS_ENV, load_prompts
-from evalgate.suite import load_suite
+from evalgate.configuration.config import MAX_SUITE_BYTES
+from evalgate.configuration.prompts import DEFAULT_MAX_PROMPTS_BYTES, MAX_PROMPTS_ENV, load_prompts
+from evalgate.configuration.suite import load_suite
 
 SUITE = """
 [engine]

@@ -32,7 +32,7 @@ def test_builds_are_byte_identical_and_seeded(tmp_path, tiny_model):
 
 def test_cached_model_reuses_the_build(tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    from evalgate import tinymodel
+    from evalgate.models import tinymodel
 
     calls = []
     real = tinymodel.build_model

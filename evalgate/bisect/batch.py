@@ -27,7 +27,7 @@ is decided (an interrupted bisect can be read with `evalgate bisect show`); the 
 (its status, result and clean-up on failure) and prints progress lines the child sends.
 
 Why the search runs inside the engine process: the engine must stay up across trials, and the worker
-protocol (evalgate/worker.py) is one job per child; running the whole deterministic search there keeps a
+protocol (evalgate/execution/worker.py) is one job per child; running the whole deterministic search there keeps a
 single, crash-supervised process with no request/response protocol to get wrong.
 """
 
@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..compare import Divergence, first_divergence, within_run
+from ..judgement.compare import Divergence, first_divergence, within_run
 from ..errors import ConfigError
-from ..factors import BATCH_FACTORS, REMEDIES, words
+from ..judgement.factors import BATCH_FACTORS, REMEDIES, words
 from ..records import Completion
-from ..schedule import passes_of
+from ..configuration.schedule import passes_of
 from ..store import Store
 from .ddmin import BudgetExhausted, ddmin, naive_trials
 from .repro import ReproBatch, check_request, criterion_of, prompt_of, wave_of, write_repro
@@ -150,7 +150,7 @@ def _tokens(c: Completion, limit: int = 12) -> str:
 
 def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro_dir: Path | None = None,
                  bounds: Bounds | None = None, on_trial: TrialCallback | None = None) -> BatchResult:
-    from ..worker import call_in_worker
+    from ..execution.worker import call_in_worker
 
     if on not in ("auto", "tokens", "bits"):
         raise ConfigError(f"--on {on!r}: expected tokens, bits or auto", fix="use --on tokens, --on bits or --on auto")
@@ -274,7 +274,7 @@ class _Trials:
 
     def __init__(self, *, suite, prompts, order, target, on, url, session_id, suite_name, subject, max_steps,
                  max_seconds, steps_done, elapsed, estimate, progress):
-        from ..runner import Timings, load_engine
+        from ..execution.runner import Timings, load_engine
         from ..store import open_store
 
         def relay(step, estimate, label, outcome, seconds):

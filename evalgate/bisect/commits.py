@@ -46,12 +46,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..compare import first_divergence
+from ..judgement.compare import first_divergence
 from ..errors import ConfigError, EngineError, EvalgateError
-from ..processes import group_members, is_python, signal_quietly
+from ..execution.processes import group_members, is_python, signal_quietly
 from ..store import open_store
 from ..store.db import sqlite_path
-from ..suite import load_suite, resolve_database_url
+from ..configuration.suite import load_suite, resolve_database_url
 from .ddmin import BudgetExhausted
 from .session import Bisection, Bounds, TrialCallback, TrialOutcome
 from .trials import differing_keys, run_trial, same
@@ -423,7 +423,7 @@ class _BisectRun:
 
 def _steps_in_group(pgid: int) -> list[int]:
     """The step processes: Python processes of the group whose parent is not one (that is git's shell or
-    helper). Their own children, the engine processes, are stopped by the step itself (evalgate/worker.py),
+    helper). Their own children, the engine processes, are stopped by the step itself (evalgate/execution/worker.py),
     and a second SIGTERM from here could cut that clean-up short."""
     members = group_members(pgid)
     return [pid for pid, parent in members.items() if is_python(pid) and not (parent in members and is_python(parent))]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..compare import first_divergence
+from ..judgement.compare import first_divergence
 from ..errors import ConfigError, EngineError
 from ..fingerprint import REDACTED
 from ..store import RunRecord, Store

@@ -29,15 +29,15 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..compare import Divergence, first_divergence, within_run
+from ..judgement.compare import Divergence, first_divergence, within_run
 from ..errors import ConfigError
-from ..factors import BATCH_FACTORS, words
+from ..judgement.factors import BATCH_FACTORS, words
 from ..fingerprint import ENV_IGNORED, ENV_PREFIXES, REDACTED
 from ..fingerprint import delta as fingerprint_delta
 from ..records import Completion, unpack_ids
-from ..schedule import passes_of
+from ..configuration.schedule import passes_of
 from ..store import RunRecord, Store
-from ..prompts import SCORING_TYPES, Prompt
+from ..configuration.prompts import SCORING_TYPES, Prompt
 
 PACK_SCHEMA = "evalgate.repro/1"
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..compare import first_divergence
+from ..judgement.compare import first_divergence
 from ..fingerprint import REDACTED, env_snapshot
 from ..records import Completion
-from ..runner import Timings
+from ..execution.runner import Timings
 from ..store import RunRecord, Store
-from ..schedule import Schedule
-from ..suite import Suite, load_suite
+from ..configuration.schedule import Schedule
+from ..configuration.suite import Suite, load_suite
 
 RUN_KIND = "bisect"
 
@@ -59,7 +59,7 @@ def run_trial(suite: Suite, url: str, keys: list[str] | None, *, concurrency: in
               env: dict[str, str | None] | None = None, progress=None) -> tuple[int, dict[str, Completion]]:
     """Run `keys` of the suite (all requests if None) in one pass at `concurrency`, in a fresh engine process
     with `env`. Returns the trial's run id and its output per request key."""
-    from ..worker import run_in_worker
+    from ..execution.worker import run_in_worker
 
     timings = Timings()
     run_id = run_in_worker(suite, url, kind=RUN_KIND, schedule=Schedule(concurrency=(concurrency,), shuffles=0, repeats=1, hot_pass=False),

@@ -54,7 +54,7 @@ def handled(fn):
 
 def show_engine_log(exc: BaseException) -> None:
     """After an engine failure: where the engine's own output is, and its last lines."""
-    from ..worker import log_tail
+    from ..execution.worker import log_tail
 
     path = getattr(exc, "engine_log", None)
     tail = log_tail(path)
@@ -66,7 +66,7 @@ def show_engine_log(exc: BaseException) -> None:
 def open_store_for(db: str | None, suite_path: Path | None):
     """The existing store named by --db, else by the suite file, else the default under ./baselines."""
     from ..store import open_store
-    from ..suite import DEFAULT_DATABASE, load_suite, resolve_database_url
+    from ..configuration.suite import DEFAULT_DATABASE, load_suite, resolve_database_url
 
     if db:
         return open_store(resolve_database_url(db, Path.cwd()), create=False)

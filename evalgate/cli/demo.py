@@ -7,12 +7,12 @@ from pathlib import Path
 import typer
 
 from .. import gate
-from ..demo import (PERTURBATION, PERTURBED_TENSOR, crowded_tokens_per_second, perturb, remedy_args, with_engine_args,
+from ..models.demo import (PERTURBATION, PERTURBED_TENSOR, crowded_tokens_per_second, perturb, remedy_args, with_engine_args,
                     write_workspace)
-from ..factors import words
+from ..judgement.factors import words
 from ..reports.explain import margin_text
 from ..reports.terminal import render_report
-from ..suite import load_suite
+from ..configuration.suite import load_suite
 from .common import console, handled, progress_bar
 
 

@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from ..smollm2 import DTYPES, build_smollm2
-from ..tinymodel import PRESETS, TRAIN_STEPS, build_model
+from ..models.smollm2 import DTYPES, build_smollm2
+from ..models.tinymodel import PRESETS, TRAIN_STEPS, build_model
 from .common import console, handled
 
 ALL_PRESETS = (*PRESETS, "smollm2")

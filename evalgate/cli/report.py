@@ -15,7 +15,7 @@ from .common import console, handled, open_store_for
 
 def _suite_name(db: str | None, suite: Path | None) -> str | None:
     """The suite whose newest run `--latest` means: --suite's, else ./evalgate.toml's when no --db is given."""
-    from ..suite import load_suite
+    from ..configuration.suite import load_suite
 
     if suite is not None:
         return load_suite(suite).name

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from .base import COMMON_KEYS, INVARIANCE_PLATFORMS, Engine, EngineConfig, arrange_batch_invariance
 
 if TYPE_CHECKING:
-    from ..suite import Suite
+    from ..configuration.suite import Suite
 
 BUILTIN_ENGINES = {
     "vllm": "evalgate.engines.vllm_offline:VllmOfflineEngine",

@@ -4,7 +4,7 @@ batch-invariance bookkeeping.
 An engine kind is a subclass of `Engine` registered by name (evalgate/engines/__init__.py). It declares
 the `[engine]` keys it reads itself (`own_keys`) and parses them in `parse_config`, cheaply and without
 heavy imports, when the suite file is loaded; the engine itself (vLLM, an HTTP client) is only built by
-`__init__`, inside the supervised engine process (evalgate/worker.py).
+`__init__`, inside the supervised engine process (evalgate/execution/worker.py).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, MutableMapping
 
-from .. import config
+from ..configuration import config
 from ..errors import ConfigError
-from ..prompts import SCORING_TYPES, Prompt
+from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..records import Completion
 
 # Platforms whose vLLM build ships the batch-invariant kernels; elsewhere VLLM_BATCH_INVARIANT=1 is never set.

@@ -38,14 +38,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .. import config
+from ..configuration import config
 from ..fingerprint import env_snapshot, model_component
-from ..prompts import SCORING_TYPES, Prompt
+from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..records import Completion
 from .base import COMMON_KEYS, Engine, EngineConfig
 
 if TYPE_CHECKING:
-    from ..suite import Suite
+    from ..configuration.suite import Suite
 
 FAKE_KEYS = frozenset({"fake_vary_with_batch", "fake_vary_with_cache", "fake_seconds_per_wave"})
 DEFAULT_MAX_MODEL_LEN = 512

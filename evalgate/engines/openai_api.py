@@ -24,17 +24,17 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import config
-from ..config import check_keys, fail, typed
+from ..configuration import config
+from ..configuration.config import check_keys, fail, typed
 from ..errors import ConfigError, EngineError
 from ..fingerprint import component
 from ..hashing import digest
-from ..prompts import SCORING_TYPES, Prompt
+from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..records import Completion, rank_top
 from .base import COMMON_KEYS, Engine, EngineConfig, request_salt
 
 if TYPE_CHECKING:
-    from ..suite import Suite
+    from ..configuration.suite import Suite
 
 # [engine] keys evalgate reads for the server kinds; for `vllm-server` every other key becomes a CLI flag.
 SERVER_KEYS = COMMON_KEYS | {"api_key_env", "timeout", "retries"}
@@ -73,7 +73,7 @@ class ServerConfig:
 
 
 def parse_server_config(kind: str, table: dict, root, where: str, sec: str) -> EngineConfig:
-    """Validate [engine] for a server kind (evalgate/config.py's strict style)."""
+    """Validate [engine] for a server kind (evalgate/configuration/config.py's strict style)."""
     if kind == "openai":
         check_keys(table, OPENAI_KEYS, where, sec)
     for key, fix in VLLM_SERVER_RESERVED.items():
@@ -540,7 +540,7 @@ class OpenAIEngine(Engine):
         figures are written into when the pass ends."""
         from contextlib import contextmanager
 
-        from ..load import Filler
+        from ..configuration.load import Filler
 
         @contextmanager
         def loaded():

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, EngineError, MissingDependency
 from ..fingerprint import env_snapshot
-from ..prompts import SCORING_TYPES, Prompt
+from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..records import Completion, rank_top
 from .base import INVARIANCE_PLATFORMS, Engine, arrange_batch_invariance, request_salt
 
 if TYPE_CHECKING:
-    from ..suite import Suite
+    from ..configuration.suite import Suite
 
 
 def import_vllm():

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, EngineError
 from ..fingerprint import env_snapshot
-from ..processes import set_parent_death_signal
+from ..execution.processes import set_parent_death_signal
 from .base import EngineConfig, arrange_batch_invariance
 from .openai_api import VLLM_SERVER_OWN_KEYS, OpenAIEngine, api_key, parse_server_config
 
 if TYPE_CHECKING:
-    from ..suite import Suite
+    from ..configuration.suite import Suite
 
 STOP_GRACE = 10.0  # seconds the server gets to shut down before the process group is killed
 LOG_TAIL = 3000  # characters of the server log quoted in errors

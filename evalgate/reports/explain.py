@@ -3,9 +3,9 @@ a margin and the reason for a difference are spelled, so the same request reads 
 
 from __future__ import annotations
 
-from ..compare import Divergence
-from ..factors import BATCH_FACTORS, REMEDIES, words
-from ..verdict import FAILURES, STRICT_FAILURES, RequestVerdict
+from ..judgement.compare import Divergence
+from ..judgement.factors import BATCH_FACTORS, REMEDIES, words
+from ..judgement.verdict import FAILURES, STRICT_FAILURES, RequestVerdict
 
 STACK_NAMES = "model, tokenizer, engine, code, hardware, env"
 

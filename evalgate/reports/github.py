@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Mapping, TextIO
 
-from ..verdict import VERDICTS, Report, RequestVerdict
+from ..judgement.verdict import VERDICTS, Report, RequestVerdict
 from .explain import (STACK_NAMES, divergence_tokens, factor_lines, gate_lines, invariance, is_failure, margin_text, one_line,
                       split_location, why)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..fingerprint import delta, describe_changes
 from ..records import Completion
 from ..store import display_status
-from ..verdict import FAILURES, VERDICTS, RequestVerdict
+from ..judgement.verdict import FAILURES, VERDICTS, RequestVerdict
 from .explain import STACK_NAMES, factor_lines, gate_lines, invariance, margin_text, one_line, token_label, verdict_from_dict, why
 
 MAX_REQUESTS = 500  # token diffs rendered; the rest are listed by key only
@@ -102,7 +102,7 @@ class ReportPage:
     fingerprint_changes: dict[str, str] = field(default_factory=dict)
     requests: list[RequestDiff] = field(default_factory=list)
     baseline_missing: bool = False  # the run names a baseline run that could not be loaded
-    metrics: list[dict] = field(default_factory=list)  # lm-eval metrics vs the baseline (evalgate/scores.py)
+    metrics: list[dict] = field(default_factory=list)  # lm-eval metrics vs the baseline (evalgate/judgement/scores.py)
     judged: dict = field(default_factory=dict)  # the run's factors, cache hits, what did not run (verdict.Report.judged)
 
 
@@ -338,7 +338,7 @@ def _when(dt) -> str | None:
 def build_page(store, run_id: int) -> ReportPage:
     """Everything the page shows about a stored run (Store: evalgate.store)."""
     from ..errors import EvalgateError
-    from ..scores import compare_scores
+    from ..judgement.scores import compare_scores
 
     record = store.load(run_id)
     run = record.run

@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from collections import OrderedDict
 from pathlib import Path
 
-from ..verdict import Report, RequestVerdict
+from ..judgement.verdict import Report, RequestVerdict
 from .atomic import write_text_atomic
 from .explain import failure_text, one_line, split_location
 

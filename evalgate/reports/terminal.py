@@ -9,8 +9,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ..factors import REMEDIES, words
-from ..verdict import FAILURES, Report
+from ..judgement.factors import REMEDIES, words
+from ..judgement.verdict import FAILURES, Report
 from .explain import batch_bisectable, divergence_tokens, factor_lines, gate_lines, margin_text, one_line, why
 
 STYLE = {

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from ..errors import ConfigError
 from ..fingerprint import fingerprint_hash
-from ..processes import current_owner, owner_alive
+from ..execution.processes import current_owner, owner_alive
 from ..records import Completion, StoredCompletion, encode_payload, pack_ids, same_payload
 from .base import StoreBase
 from .models import Fingerprint, Output, Payload, Request, Run, Verdict, utcnow

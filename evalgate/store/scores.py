@@ -13,7 +13,7 @@ class ScoreStore(StoreBase):
     # --- lm-eval metrics -------------------------------------------------------------------------------
 
     def add_scores(self, run_id: int, scores: list[dict], samples: list[dict]) -> None:
-        """A run's task metrics and per-document metric values (evalgate/lmeval.py `TaskRun.score`)."""
+        """A run's task metrics and per-document metric values (evalgate/lmeval/tasks.py `TaskRun.score`)."""
         def write(s: Session) -> None:
             s.add_all(Score(run_id=run_id, **row) for row in scores)
             s.add_all(SampleScore(run_id=run_id, **row) for row in samples)

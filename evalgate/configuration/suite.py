@@ -2,7 +2,7 @@
 
 A suite is a TOML file, or the `[tool.evalgate]` table of a pyproject.toml. Relative paths resolve against
 the directory of that file, never the working directory. Every mistake is reported as a ConfigError that
-names the file, the field (or prompts-file line) and the fix (evalgate/config.py reads every table).
+names the file, the field (or prompts-file line) and the fix (evalgate/configuration/config.py reads every table).
 Each engine kind parses its own `[engine]` keys (evalgate/engines/). docs/suite.md documents the format.
 """
 
@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from .config import check_keys, evalgate_tables, fail, is_dir, is_file, not_json, os_reason, resolve_path, short, typed
-from .engines import COMMON_KEYS, engine_class, engine_kinds
-from .errors import ConfigError
-from .hashing import digest
+from ..engines import COMMON_KEYS, engine_class, engine_kinds
+from ..errors import ConfigError
+from ..hashing import digest
 from .load import parse_load
 from .policy import FAIL_ON, GatePolicy, parse_gate_table
 from .prompts import SCORING_TYPES, Prompt, load_prompts
@@ -74,7 +74,7 @@ class Suite:
     code_paths: list[Path]
     database: str
     lm_eval: LmEvalConfig | None = None
-    # Identity of the lm-eval tasks (config and documents), filled in once they are built (evalgate/lmeval.py).
+    # Identity of the lm-eval tasks (config and documents), filled in once they are built (evalgate/lmeval/tasks.py).
     task_identity: dict[str, Any] = field(default_factory=dict)
     server: Any = None  # the server kinds' own settings (evalgate/engines/openai_api.py ServerConfig)
     cost_table: Any = None  # the file's [cost] table, for `evalgate cost` only (evalgate/cost.py parses it)
@@ -129,8 +129,8 @@ def find_suite(path: str | Path | None = None) -> Path:
 
 
 def parse_probes(value, where: str, sec: str) -> tuple[str, ...]:
-    """`probes = ["needle", "prefill_decode"]` or a preset name (`probes = "vllm"`): evalgate/probes.py."""
-    from .probes import PRESETS, PROBES
+    """`probes = ["needle", "prefill_decode"]` or a preset name (`probes = "vllm"`): evalgate/execution/probes.py."""
+    from ..execution.probes import PRESETS, PROBES
 
     if isinstance(value, str) and value in PRESETS:
         return PRESETS[value]

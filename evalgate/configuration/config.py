@@ -2,8 +2,8 @@
 
 Every reader here raises a ConfigError whose message names the file and the field (`where`: the file,
 `section`: the dotted prefix such as `engine.` or `tool.evalgate.engine.`) and whose `fix` says what to
-write instead. The suite file (evalgate/suite.py), each engine kind's `[engine]` keys
-(evalgate/engines/), `[load]` (evalgate/load.py) and `[cost]` (evalgate/cost.py) are all parsed with it.
+write instead. The suite file (evalgate/configuration/suite.py), each engine kind's `[engine]` keys
+(evalgate/engines/), `[load]` (evalgate/configuration/load.py) and `[cost]` (evalgate/cost.py) are all parsed with it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -1,6 +1,6 @@
 """The factors a pass can change, one at a time (**contract**: the `factor` of a `batch_variance` verdict).
 
-Each pass of a run differs from its reference pass in exactly one factor (evalgate/schedule.py), so a
+Each pass of a run differs from its reference pass in exactly one factor (evalgate/configuration/schedule.py), so a
 difference between the two is attributed to that factor. For each factor: how people read it, and the
 settings that remove it (named in reports, measured by `evalgate cost`).
 """

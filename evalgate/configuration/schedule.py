@@ -1,7 +1,7 @@
 """Passes: how a run exercises the engine, one factor at a time. Runtime knobs only, never identity.
 
 Every pass has a recorded **condition** (batch size, order, prefix-cache state, neighbours) and, except the
-first, a **reference**: the earlier pass it differs from in exactly one factor (evalgate/factors.py). So a
+first, a **reference**: the earlier pass it differs from in exactly one factor (evalgate/judgement/factors.py). So a
 difference between a pass and its reference names its cause. The default plan:
 
 - pass 0, the reference: the first concurrency level, prompts-file order, cache cold;
@@ -29,7 +29,7 @@ import hashlib
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING
 
-from .factors import WORDS
+from ..judgement.factors import WORDS
 
 if TYPE_CHECKING:
     from .load import Load
@@ -47,9 +47,9 @@ class Schedule:
     shuffles: int = 1
     repeats: int = 1
     seed: int = 0
-    load: Load | None = None  # [load]: filler traffic for server engines (evalgate/load.py)
+    load: Load | None = None  # [load]: filler traffic for server engines (evalgate/configuration/load.py)
     hot_pass: bool = True  # one pass repeating pass 0 with the prefix cache warm
-    probes: tuple[str, ...] = ()  # targeted passes (evalgate/probes.py)
+    probes: tuple[str, ...] = ()  # targeted passes (evalgate/execution/probes.py)
     needle_batch: int = 64  # the needle probe: fillers per wave
     needle_filler_tokens: int = 0  # the needle probe: tokens per filler; 0: half of max_model_len, at most 2048
     preset: str = FULL  # full | rotating (the module docstring)
@@ -67,7 +67,7 @@ class Pass:
     reference: int | None = None  # the pass this one differs from in `factor` only
     factor: str | None = None  # None with a reference: unattributed (a run recorded before conditions)
     salt_of: int | None = None  # whose cache salts the requests carry (a hot pass: its reference's)
-    probe: str | None = None  # the probe that added this pass (evalgate/probes.py)
+    probe: str | None = None  # the probe that added this pass (evalgate/execution/probes.py)
     engine_args: str | None = None  # a probe's own engine: its settings over the suite's, as canonical JSON
     sample: str | None = None  # "slot/rotation": only the requests of that rotation slot (rotating preset)
 

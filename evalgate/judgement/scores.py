@@ -4,7 +4,7 @@ side by side, and the documents whose metric value moved, with their requests an
 
 from __future__ import annotations
 
-from .store import Store
+from ..store import Store
 
 
 def compare_scores(store: Store, run_id: int, baseline_run_id: int | None, verdicts: dict[str, str]) -> list[dict]:

@@ -28,11 +28,11 @@ import time
 from itertools import count
 from pathlib import Path
 
-from .errors import ConfigError, EngineError, EvalgateError, error_for_exit_code
+from ..errors import ConfigError, EngineError, EvalgateError, error_for_exit_code
 from .processes import current_owner, set_parent_death_signal
 from .runner import Progress, Timings, run_suite
-from .schedule import Schedule
-from .suite import Suite
+from ..configuration.schedule import Schedule
+from ..configuration.suite import Suite
 
 GRACE_SECONDS = 60  # how long an interrupted child may take to mark its run incomplete
 _log_numbers = count(1)
@@ -123,7 +123,7 @@ def call_in_worker(job, kwargs: dict, *, url: str | None = None, progress: Progr
         else:
             exc.engine_log = engine_log  # the CLI shows its tail
         if run_id is not None and url is not None:
-            from .store import open_store
+            from ..store import open_store
 
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             open_store(url).mark_incomplete(run_id, status, str(exc) or status)

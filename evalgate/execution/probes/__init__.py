@@ -36,12 +36,12 @@ import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterator
 
-from .prompts import SCORING_TYPES, Prompt
-from .schedule import HOT, Pass, Schedule
+from ...configuration.prompts import SCORING_TYPES, Prompt
+from ...configuration.schedule import HOT, Pass, Schedule
 
 if TYPE_CHECKING:
-    from .engines import Engine
-    from .records import Completion
+    from ...engines import Engine
+    from ...records import Completion
 
 PROBES = ("batch_edges", "needle", "prefix_cache", "prefill_decode", "chunked_prefill", "preemption")
 PRESETS = {"vllm": PROBES}  # vLLM's determinism scenarios

@@ -14,12 +14,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from .compare import Divergence, first_divergence, max_logprob_delta, within_run
-from .errors import ExitCode
-from .fingerprint import delta as fingerprint_delta
-from .fingerprint import describe_changes
-from .policy import BITS_ONLY, GatePolicy
-from .schedule import HOT, UNKNOWN, Pass, comparison_label, passes_of
-from .store import RunRecord
+from ..errors import ExitCode
+from ..fingerprint import delta as fingerprint_delta
+from ..fingerprint import describe_changes
+from ..configuration.policy import BITS_ONLY, GatePolicy
+from ..configuration.schedule import HOT, UNKNOWN, Pass, comparison_label, passes_of
+from ..store import RunRecord
 
 VERDICTS = ("stable", "batch_variance", "silent_regression", "explained_change", "new", "missing")
 FAILURES = ("batch_variance", "silent_regression")
@@ -74,7 +74,7 @@ class Report:
     promoted: bool = False
     # component -> what changed in it, for people (fingerprint.describe_changes); judged once, rendered anywhere
     fingerprint_changes: dict = field(default_factory=dict)
-    # lm-eval task metrics, baseline vs current, with the documents that moved (evalgate/scores.py)
+    # lm-eval task metrics, baseline vs current, with the documents that moved (evalgate/judgement/scores.py)
     metrics: list = field(default_factory=list)
     task_changes: dict = field(default_factory=dict)  # lm-eval task -> what changed in its identity
     engine_log: str | None = None  # the engine process's output (vLLM's own lines), for people

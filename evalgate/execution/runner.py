@@ -15,15 +15,15 @@ import uuid
 from dataclasses import asdict, replace
 from typing import Callable, Iterator
 
-from .engines import Engine, open_engine
-from .errors import ConfigError, EngineError, EvalgateError
-from .fingerprint import build_fingerprint
+from ..engines import Engine, open_engine
+from ..errors import ConfigError, EngineError, EvalgateError
+from ..fingerprint import build_fingerprint
 from .probes import Wave, probe_waves
-from .prompts import SCORING_TYPES, Prompt
-from .records import Completion
-from .schedule import ROTATING, UNKNOWN, Pass, Schedule, in_sample, plan_passes, waves
-from .store import Store
-from .suite import Suite
+from ..configuration.prompts import SCORING_TYPES, Prompt
+from ..records import Completion
+from ..configuration.schedule import ROTATING, UNKNOWN, Pass, Schedule, in_sample, plan_passes, waves
+from ..store import Store
+from ..configuration.suite import Suite
 
 # progress(done, total, label): requests completed across all passes.
 Progress = Callable[[int, int, str], None]
@@ -73,13 +73,13 @@ def run_suite(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings:
     starts: a broken task file costs no engine start), start the engine, build the tasks' requests, keep
     this shard's requests (or only `keys`, for bisect trials), run every pass, then let lm-eval score the
     first pass (whole suites only). Returns the run id."""
-    from .shard import parse_shard, select_keys, select_shard
+    from ..configuration.shard import parse_shard, select_keys, select_shard
 
     # vLLM's, lm-eval's and datasets' progress bars (read when tqdm is imported): evalgate shows its own.
     os.environ.setdefault("TQDM_DISABLE", "1")
     prepared = None
     if suite.lm_eval is not None:
-        from .lmeval import prepare
+        from ..lmeval.tasks import prepare
 
         t0 = time.perf_counter()
         prepared = prepare(suite.lm_eval, suite.path)
@@ -87,7 +87,7 @@ def run_suite(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings:
     engine = load_engine(suite, timings)
     tasks = None
     if prepared is not None:
-        from .lmeval import TaskRun
+        from ..lmeval.tasks import TaskRun
 
         t0 = time.perf_counter()
         tasks = TaskRun(prepared, engine.tokenizer, engine.max_model_len, suite.sampling)
@@ -103,7 +103,7 @@ def run_suite(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings:
     run_id = execute(suite, url, engine, kind=kind, schedule=schedule, timings=timings, progress=progress,
                      on_run=on_run, labels=labels, cold_waves=kind == "bisect")
     if tasks is not None and not shard and keys is None:  # part of a task: its metrics would mislead
-        from .store import open_store
+        from ..store import open_store
 
         store = open_store(url)
         with incomplete_on_failure(store, run_id, "scoring with lm-eval: "):
@@ -136,7 +136,7 @@ def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Sche
 
     The database is opened only once the engine is up and every prompt fits, so a configuration error
     never leaves a database or a run behind."""
-    from .store import open_store
+    from ..store import open_store
 
     start = time.perf_counter()
     prompt_ids = tokenize_prompts(suite, engine)
@@ -218,7 +218,7 @@ def plan_for(schedule: Schedule, engine: Engine, suite: Suite,
 
 def pass_waves(pass_: Pass, keys: list[str], by_key: dict[str, Prompt], *, schedule: Schedule, engine: Engine,
                prompt_ids: dict[str, list[int]], first_pass: dict[str, Completion]) -> Iterator[Wave]:
-    """The waves of a pass: the schedule's (every request recorded), or a probe's (evalgate/probes.py)."""
+    """The waves of a pass: the schedule's (every request recorded), or a probe's (evalgate/execution/probes.py)."""
     if pass_.probe:
         yield from probe_waves(pass_, keys, by_key, schedule=schedule, engine=engine, prompt_ids=prompt_ids,
                                reference=first_pass)
@@ -261,7 +261,7 @@ def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes:
             preempted_before = engine.preemptions()
         pass_outputs = []
         wave_seconds: list[float] = []
-        # [load]: a server engine keeps filler traffic running through this pass (evalgate/load.py)
+        # [load]: a server engine keeps filler traffic running through this pass (evalgate/configuration/load.py)
         loaded = load is not None and load.applies(pass_.concurrency) and not pass_.probe
         with (engine.under_load(load, pass_) if loaded else contextlib.nullcontext({})) as load_stats:
             waves_of_pass = pass_waves(pass_, keys, by_key, schedule=schedule, engine=engine, prompt_ids=prompt_ids,

@@ -1,0 +1,1 @@
+"""evalgate.execution."""
