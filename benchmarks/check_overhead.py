@@ -25,8 +25,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from evalgate import gate
-    from evalgate.execution.runner import Timings
     from evalgate.configuration.suite import load_suite
+    from evalgate.execution.runner import Timings
     from evalgate.models.tinymodel import cached_model
 
     concurrency = [int(c) for c in args.concurrency.split(",")]

@@ -54,8 +54,8 @@ file = "prompts.jsonl"
 
 def findings(store, run_id: int) -> set[tuple[str, str]]:
     """(request, factor) of every comparison in the run whose outputs differ."""
-    from evalgate.judgement.compare import pass_differences
     from evalgate.configuration.schedule import passes_of
+    from evalgate.judgement.compare import pass_differences
 
     record = store.load(run_id)
     passes = passes_of(record.run.schedule)
@@ -76,10 +76,11 @@ def main() -> None:
     parser.add_argument("--rotation", type=int, nargs="+", default=[8, 16])
     args = parser.parse_args()
 
-    from evalgate.execution.runner import TURN_ENV, Timings, execute, load_engine
-    from evalgate.store import open_store
     from evalgate.configuration.suite import load_suite
+    from evalgate.engines import start_engine
+    from evalgate.execution.runner import TURN_ENV, Timings, record_run
     from evalgate.models.tinymodel import cached_model
+    from evalgate.store import open_store
 
     load = os.getloadavg()[0]
     model = cached_model("tiny")
@@ -87,11 +88,11 @@ def main() -> None:
     prompts, n = long_prompts(args.prompts), args.prompts
     full = load_suite(write_suite(work / "full", "rot-bench", model, prompts, args.max_tokens,
                                   f"concurrency = [1, {n}]\nshuffles = 0"))
-    engine = load_engine(full, Timings())
+    engine = start_engine(full)
     url = full.database
     store = open_store(url)
     timings = Timings()
-    found_full = findings(store, execute(full, url, engine, kind="check", schedule=full.schedule, timings=timings))
+    found_full = findings(store, record_run(full, url, engine, kind="check", schedule=full.schedule, timings=timings))
     full_seconds, crowded = engine_seconds(timings)
 
     rows = []
@@ -102,7 +103,7 @@ def main() -> None:
         for turn in range(rotation):
             os.environ[TURN_ENV] = str(turn)
             timings = Timings()
-            found |= findings(store, execute(rotating, url, engine, kind="check", schedule=rotating.schedule,
+            found |= findings(store, record_run(rotating, url, engine, kind="check", schedule=rotating.schedule,
                                              timings=timings))
             seconds, crowd = engine_seconds(timings)
             costs.append(seconds)

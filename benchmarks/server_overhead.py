@@ -39,9 +39,9 @@ def main() -> None:
 
         build_model(model, "tiny", seed=0)
 
+    from evalgate.configuration.suite import load_suite
     from evalgate.engines.openai_api import OpenAIEngine
     from evalgate.engines.vllm_server import ServerProcess
-    from evalgate.configuration.suite import load_suite
 
     server = ServerProcess(model, {"dtype": "float32", "max_model_len": 512, "enforce_eager": True, "seed": 0},
                            startup_timeout=300).start()

@@ -66,8 +66,8 @@ def fingerprint() -> dict:
 
 
 def measure(args, distinct: bool) -> dict:
-    from evalgate.store import Store
     from evalgate.judgement.verdict import judge
+    from evalgate.store import Store
 
     work = Path(tempfile.mkdtemp(prefix="evalgate-store-bench-"))
     suite = suite_for(work, args.requests)
@@ -91,7 +91,7 @@ def measure(args, distinct: bool) -> dict:
     loaded = time.perf_counter() - start
     report = judge(current, baseline)
     compared = time.perf_counter() - start
-    store.engine.dispose()
+    store.database.dispose()
     size = sum(f.stat().st_size for f in work.glob("e.sqlite*"))
     expected = "batch_variance" if distinct else "stable"
     assert report.counts[expected] == args.requests, report.counts  # the comparison really ran

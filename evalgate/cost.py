@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from .configuration.config import check_keys, not_json, read_toml
+from .configuration.schedule import Schedule
+from .configuration.suite import Suite
 from .engines.base import COMMON_KEYS, INVARIANCE_PLATFORMS
 from .errors import ConfigError, EngineError, EvalgateError, ExitCode, MissingDependency
 from .execution.processes import peak_rss
-from .configuration.schedule import Schedule
 from .store import existing_store
-from .configuration.suite import Suite
 
 COST_SCHEMA = "evalgate.cost/1"
 RUN_KIND = "cost"
@@ -76,7 +76,7 @@ class Candidate:
 def default_candidates() -> list[Candidate]:
     """The suite's own configuration with batch invariance requested and not, the known invariance by
     construction, one sequence at a time (`max_num_seqs=1`), and the remedy for the `prefix_cache` factor:
-    no prefix cache (factors.py REMEDIES)."""
+    no prefix cache (judgement/factors.py remedies)."""
     return [
         Candidate("batch-invariant", batch_invariant=True),
         Candidate("batched", batch_invariant=False),
@@ -568,9 +568,9 @@ def run_cost(suite: Suite, candidates: list[Candidate], *, schedule: Schedule | 
 def _measure(suite: Suite, candidate: Candidate, index: int, count: int, schedule: Schedule, url: str,
              listener: Listener, walls: list[float]) -> CandidateResult:
     from .execution.runner import Timings
-    from .store import open_store
+    from .execution.worker import execute_in_worker
     from .judgement.verdict import judge
-    from .execution.worker import run_in_worker
+    from .store import open_store
 
     started = time.perf_counter()
     rss = _PeakRss()
@@ -588,7 +588,7 @@ def _measure(suite: Suite, candidate: Candidate, index: int, count: int, schedul
 
     timings = Timings()
     try:
-        run_id = run_in_worker(candidate_suite(suite, candidate), url, kind=RUN_KIND, schedule=schedule,
+        run_id = execute_in_worker(candidate_suite(suite, candidate), url, kind=RUN_KIND, schedule=schedule,
                                timings=timings, progress=progress, env=candidate.env or None)
     except EvalgateError as exc:  # the engine failed to start or died: this candidate failed, not the command
         reason = exc.message + (f" (fix: {exc.fix})" if exc.fix else "")

@@ -7,19 +7,18 @@ the database, judges the stored outputs and finishes the run.
 from __future__ import annotations
 
 import os
-import time
 
+from .configuration.schedule import ROTATING, Schedule, with_overrides
+from .configuration.shard import Shard
+from .configuration.suite import Suite
 from .errors import ConfigError, EngineError, NoBaselineError
+from .execution.runner import Progress, Timings
+from .execution.worker import execute_in_worker
 from .fingerprint import component, hardware_component
 from .fingerprint import delta as fingerprint_delta
-from .execution.runner import Progress, Timings
 from .judgement.scores import compare_scores, task_changes
-from .configuration.shard import Shard
-from .store import Run, Store, existing_store, open_store
-from .configuration.schedule import ROTATING, Schedule, with_overrides
-from .configuration.suite import Suite
 from .judgement.verdict import Report, judge
-from .execution.worker import run_in_worker
+from .store import Run, Store, existing_store, open_store
 
 
 def _database(suite: Suite, store: Store | str | None) -> str:
@@ -28,26 +27,45 @@ def _database(suite: Suite, store: Store | str | None) -> str:
     return store or suite.database
 
 
-def _judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: int | None, strict: bool,
-                      promote_if, timings: Timings, in_scope=lambda key: True) -> Report:
+def judge_runs(store: Store, run_id: int, baseline_run_id: int | None, *, kind: str, strict: bool = False,
+               in_scope=lambda key: True) -> Report:
+    """The whole judgement of a stored run, built in one place: its verdicts against the baseline run (or
+    none), and beside them the lm-eval metrics, what changed in the tasks' identity, the rotating preset's
+    alone coverage and where the engine's own output went."""
+    current = store.load(run_id)
+    baseline = store.load(baseline_run_id) if baseline_run_id is not None else None
+    report = judge(current, baseline, kind=kind, strict=strict, in_scope=in_scope)
+    report.metrics = compare_scores(store, run_id, baseline_run_id, {v.key: v.verdict for v in report.verdicts})
+    report.task_changes = task_changes(baseline.fingerprint, current.fingerprint) if baseline else {}
+    schedule = current.run.schedule or {}
+    if schedule.get("preset") == ROTATING:
+        report.alone_coverage = store.alone_coverage(current.run, schedule["rotation"], min(schedule["concurrency"]))
+    log = current.run.engine_log
+    report.engine_log = log if log and os.path.isfile(log) else None
+    return report
+
+
+def promotes(report: Report, *, allow_variance: bool = False, shard: Shard | None = None) -> bool:
+    """The one promotion rule: a baseline run of the whole suite (a shard is part of one: its group's merge
+    decides) whose passes agree, or any baseline run with `allow_variance`. A check never promotes."""
+    return report.kind == "baseline" and shard is None and (allow_variance or not report.failing)
+
+
+def judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: int | None, strict: bool = False,
+                     allow_variance: bool = False, shard: Shard | None = None, timings: Timings | None = None) -> Report:
+    """Judge a recorded run and finish it: complete, with its verdict, and the baseline if it `promotes`.
+    Anything that fails here leaves the run incomplete, never complete."""
+    timings = timings if timings is not None else Timings()
     try:
-        t0 = time.perf_counter()
-        current = store.load(run_id)
-        baseline = store.load(baseline_run_id) if baseline_run_id is not None else None
-        report = judge(current, baseline, kind=kind, strict=strict, in_scope=in_scope)
-        report.metrics = compare_scores(store, run_id, baseline_run_id, {v.key: v.verdict for v in report.verdicts})
-        report.task_changes = task_changes(baseline.fingerprint, current.fingerprint) if baseline else {}
-        schedule = current.run.schedule or {}
-        if schedule.get("preset") == ROTATING:
-            report.alone_coverage = store.alone_coverage(current.run, schedule["rotation"], min(schedule["concurrency"]))
-        report.promoted = promote_if(report)
-        log = current.run.engine_log
-        report.engine_log = log if log and os.path.isfile(log) else None
-        timings.add("evalgate", time.perf_counter() - t0)
+        with timings.phase("evalgate"):
+            report = judge_runs(store, run_id, baseline_run_id, kind=kind, strict=strict,
+                                in_scope=shard.contains if shard else (lambda key: True))
+            report.promoted = promotes(report, allow_variance=allow_variance, shard=shard)
+        stored = store.get_run(run_id).schedule or {}
         store.finish_run(
             run_id, status="complete", verdict=report.status, exit_code=int(report.exit_code),
             summary=report.counts, verdicts=[v.to_dict() for v in report.verdicts if v.verdict != "stable"],
-            schedule={**current.run.schedule, "timings": dict(timings), "judged": report.judged()},
+            schedule={**stored, "timings": dict(timings), "judged": report.judged()},
             baseline_run_id=baseline_run_id,
             promote=report.promoted,
         )
@@ -57,17 +75,14 @@ def _judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: 
     return report
 
 
-def _run_and_judge(suite: Suite, url: str, *, kind: str, schedule: Schedule | None, baseline_run_id: int | None,
-                   strict: bool, promote_if, progress: Progress | None, timings: Timings,
-                   shard: Shard | None, group: str | None, show_engine_output: bool) -> Report:
-    labels = {"shard": str(shard) if shard else None, "shard_group": group}
-    run_id = run_in_worker(suite, url, kind=kind, schedule=schedule or suite.schedule, timings=timings,
-                           progress=progress, labels=labels, show_engine_output=show_engine_output)
-    return _judge_and_finish(
-        open_store(url), run_id, kind=kind, baseline_run_id=baseline_run_id, strict=strict, timings=timings,
-        promote_if=(lambda report: False) if shard else promote_if,  # a part of a suite is never its baseline
-        in_scope=shard.contains if shard else (lambda key: True),
-    )
+def _execute_and_judge(suite: Suite, url: str, *, kind: str, schedule: Schedule | None, baseline_run_id: int | None,
+                       strict: bool, allow_variance: bool, progress: Progress | None, timings: Timings,
+                       shard: Shard | None, group: str | None, show_engine_output: bool) -> Report:
+    run_id = execute_in_worker(suite, url, kind=kind, schedule=schedule or suite.schedule, timings=timings,
+                               progress=progress, labels={"shard_group": group}, shard=shard,
+                               show_engine_output=show_engine_output)
+    return judge_and_finish(open_store(url), run_id, kind=kind, baseline_run_id=baseline_run_id, strict=strict,
+                            allow_variance=allow_variance, shard=shard, timings=timings)
 
 
 def create_baseline(suite: Suite, store: Store | str | None = None, *, schedule: Schedule | None = None,
@@ -80,11 +95,10 @@ def create_baseline(suite: Suite, store: Store | str | None = None, *, schedule:
     With `shard`, only that shard runs and nothing is promoted until `merge` joins the group's shards."""
     url = _database(suite, store)
     existing_store(url)
-    return _run_and_judge(
+    return _execute_and_judge(
         suite, url, kind="baseline", schedule=schedule, baseline_run_id=None, strict=False,
-        promote_if=lambda report: allow_variance or not report.failing, progress=progress,
-        timings=timings if timings is not None else Timings(), shard=shard, group=_group(shard, group),
-        show_engine_output=show_engine_output,
+        allow_variance=allow_variance, progress=progress, timings=timings if timings is not None else Timings(),
+        shard=shard, group=_group(shard, group), show_engine_output=show_engine_output,
     )
 
 
@@ -116,9 +130,9 @@ def check(suite: Suite, store: Store | str | None = None, *, schedule: Schedule 
     With `shard`, only that shard's requests run and are judged; `merge` gives the whole verdict."""
     url = _database(suite, store)
     baseline_run_id = find_baseline(suite, existing_store(url), url)
-    return _run_and_judge(
+    return _execute_and_judge(
         suite, url, kind="check", schedule=schedule, baseline_run_id=baseline_run_id, strict=strict,
-        promote_if=lambda report: False, progress=progress, timings=timings if timings is not None else Timings(),
+        allow_variance=False, progress=progress, timings=timings if timings is not None else Timings(),
         shard=shard, group=_group(shard, group), show_engine_output=show_engine_output,
     )
 
@@ -161,10 +175,8 @@ def merge(suite: Suite, group: str, *, kind: str = "check", store: Store | str |
                                                    for k, r in rec.requests.items()}})
     merged_id = store.merge_runs(runs, fingerprint)
     baseline_run_id = find_baseline(suite, store, url) if kind == "check" else None
-    return _judge_and_finish(
-        store, merged_id, kind=kind, baseline_run_id=baseline_run_id, strict=strict, timings=Timings(),
-        promote_if=(lambda report: allow_variance or not report.failing) if kind == "baseline" else (lambda r: False),
-    )
+    return judge_and_finish(store, merged_id, kind=kind, baseline_run_id=baseline_run_id, strict=strict,
+                            allow_variance=allow_variance)
 
 
 def accept(store: Store, run_id: int):
@@ -174,14 +186,11 @@ def accept(store: Store, run_id: int):
 
 def compare_runs(store: Store, run_a: int, run_b: int) -> Report:
     """Judge run B against run A as if A were the baseline (for `evalgate diff`)."""
-    a, b = store.load(run_a), store.load(run_b)
-    if not a.outputs or not b.outputs:
-        raise ConfigError(f"run {run_a if not a.outputs else run_b} has no outputs to compare",
-                          fix="pick runs that got past engine start (see `evalgate runs list`)")
-    report = judge(b, a, kind="diff")
-    report.metrics = compare_scores(store, run_b, run_a, {v.key: v.verdict for v in report.verdicts})
-    report.task_changes = task_changes(a.fingerprint, b.fingerprint)
-    return report
+    for run_id in (run_a, run_b):
+        if not store.has_outputs(run_id):
+            raise ConfigError(f"run {run_id} has no outputs to compare",
+                              fix="pick runs that got past engine start (see `evalgate runs list`)")
+    return judge_runs(store, run_b, run_a, kind="diff")
 
 
 def resolve_schedule(suite: Suite, concurrency=None, shuffles=None, repeats=None) -> Schedule:

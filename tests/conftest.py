@@ -1,35 +1,18 @@
-"""Shared fixtures. End-to-end tests run the real `evalgate` CLI (real vLLM CPU engine, locally built
-models) in subprocesses, exactly as a user would; models are built once per session."""
+"""Shared fixtures (helpers without a fixture are in tests/helpers.py). The tests come in three tiers, by
+directory: unit/ (functions and classes, no CLI), plumbing/ (the CLI on the fake engine, in this process:
+`inline_cli`) and e2e/ (the real vLLM engine, or a subprocess where only one proves the point: `cli`).
+`make test-fast` runs the first two."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, inspect, text
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+from helpers import CLI, SQLITE_IN_SUITE_DIR, TEST_ENV, InlineCLI, bare_model, cached_model
 
 pytest_plugins = ["pg", "variance"]  # tests/pg.py: a throwaway PostgreSQL server when EVALGATE_TEST_POSTGRES=1;
 # tests/variance.py: what varies on this machine (the survey) and plain vLLM's findings (the oracle)
-
-# torch on 2 cores: one thread is far faster and keeps CPU numerics repeatable between processes.
-TEST_ENV = {
-    "OMP_NUM_THREADS": "1",
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-}
 
 
 @pytest.fixture(scope="session")
@@ -49,33 +32,16 @@ def cli_env(evalgate_home) -> dict[str, str]:
     return env
 
 
-class CLI:
-    def __init__(self, env: dict[str, str], cwd: Path):
-        self.env, self.cwd = env, cwd
-
-    def __call__(self, *args: str, timeout: float = 900, check: int | None = None) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "evalgate", *map(str, args)], cwd=self.cwd, env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
-        if check is not None and proc.returncode != check:
-            raise AssertionError(f"evalgate {' '.join(map(str, args))} exited {proc.returncode}, expected {check}\n"
-                                 f"--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}")
-        return proc
-
-    def popen(self, *args: str, **kwargs) -> subprocess.Popen:
-        """A CLI process a test can interrupt: SIGINT at its default even when pytest itself was started in
-        the background (a shell starts background jobs with SIGINT ignored, and children inherit that)."""
-        return subprocess.Popen([sys.executable, "-m", "evalgate", *map(str, args)], cwd=self.cwd, env=self.env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=_interruptible, **kwargs)
-
-
-def _interruptible() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python installs its KeyboardInterrupt handler over it
+@pytest.fixture
+def cli(cli_env, tmp_path) -> CLI:
+    """The real CLI in a subprocess, as a user runs it."""
+    return CLI(cli_env, tmp_path)
 
 
 @pytest.fixture
-def cli(cli_env, tmp_path) -> CLI:
-    return CLI(cli_env, tmp_path)
+def inline_cli(cli_env, tmp_path) -> InlineCLI:
+    """The CLI and the engine job in this process: the plumbing tier (fake engine only)."""
+    return InlineCLI(cli_env, tmp_path)
 
 
 @pytest.fixture(scope="session")
@@ -90,20 +56,6 @@ def models_dir(tmp_path_factory) -> Path:
     return path
 
 
-def cached_model(models_dir: Path, preset: str, seed: int = 0) -> Path:
-    """`evalgate build-model --preset PRESET --seed SEED`, built once per session (the build is
-    reproducible per seed, so every test may read the same directory; none may write it)."""
-    from filelock import FileLock
-
-    out = models_dir / f"{preset}-{seed}"
-    with FileLock(str(out) + ".lock"):
-        if not (out / "config.json").exists():
-            env = dict(os.environ, OMP_NUM_THREADS="1")
-            subprocess.run([sys.executable, "-m", "evalgate", "build-model", str(out), "--preset", preset, "--seed",
-                            str(seed)], check=True, env=env, capture_output=True)
-    return out
-
-
 @pytest.fixture(scope="session")
 def tiny_model(models_dir) -> Path:
     return cached_model(models_dir, "tiny")
@@ -115,10 +67,14 @@ def arith_model(models_dir) -> Path:
     return cached_model(models_dir, "arith")
 
 
+@pytest.fixture(scope="session")
+def fake_model(tmp_path_factory) -> Path:
+    """A bare model directory for the fake engine (no torch, no tokenizer)."""
+    return bare_model(tmp_path_factory.mktemp("fake-model"))
+
 
 # --- the store under test: SQLite and PostgreSQL ------------------------------------------------------------
 
-SQLITE_IN_SUITE_DIR = "sqlite:///evalgate.sqlite"  # relative: the file next to the suite file
 BACKENDS = ["sqlite", "postgresql"]
 
 
@@ -153,141 +109,6 @@ def db_url(request, store_backend, tmp_path) -> str:
     return new_database(request, store_backend, f"sqlite:///{tmp_path / 'e.sqlite'}")
 
 
-def database_url(suite: Path) -> str:
-    """The absolute URL of the database a suite file names, resolved as docs/storage.md specifies (a
-    relative SQLite path against the suite file's directory), independently of evalgate's own code."""
-    with open(suite, "rb") as f:
-        database = tomllib.load(f)["suite"]["database"]
-    if database.startswith("sqlite:///") and not database.startswith("sqlite:////"):
-        return "sqlite:///" + str(Path(suite).parent / database[len("sqlite:///"):])
-    return database
-
-
-def sqlite_file(url: str) -> Path | None:
-    """The file of a SQLite URL; None for a database server."""
-    return Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
-
-
-def db_exists(url: str) -> bool:
-    """Whether there is anything to read yet: a server database always exists (its tables may not)."""
-    path = sqlite_file(url)
-    return path is None or path.is_file()
-
-
-def _engine(url: str):
-    path = sqlite_file(url)
-    if path is not None and not path.is_file():  # never create a missing SQLite file by reading it
-        raise AssertionError(f"no SQLite database at {path}")
-    return create_engine(url)
-
-
-def db_outputs(url: str, where: str, **params) -> list[dict]:
-    """The stored outputs matching `where` (SQL on `outputs`), decoded from their payloads, in storage
-    order: key, pass, ids, logprob bits, top-k ids and logprob bits, texts, digest, finish reason."""
-    from evalgate.records import decode_payload, pack_floats
-
-    rows = db_query(url, "select outputs.request_key, outputs.pass_index, outputs.digest, outputs.finish_reason, "
-                         "payloads.data from outputs join payloads on payloads.hash = outputs.payload_hash "
-                         f"where {where} order by outputs.id", **params)
-    decoded = []
-    for key, pass_index, digest, finish_reason, data in rows:
-        ids, lps, top_ids, top_lps, token_texts, text = decode_payload(bytes(data))
-        decoded.append({"key": key, "pass": pass_index, "ids": ids, "logprob_bits": pack_floats(lps),
-                        "top_ids": top_ids, "top_logprob_bits": [pack_floats(row) for row in top_lps],
-                        "token_texts": token_texts, "text": text, "digest": digest, "finish_reason": finish_reason})
-    return decoded
-
-
-def db_output_ids(url: str, where: str, **params) -> list[tuple[str, int, list[int]]]:
-    """(request key, pass, output ids) of the stored outputs matching `where`."""
-    return [(o["key"], o["pass"], o["ids"]) for o in db_outputs(url, where, **params)]
-
-
-def db_query(url: str, sql: str, **params) -> list[tuple]:
-    """Rows of one read-only query on either backend."""
-    engine = _engine(url)
-    try:
-        with engine.connect() as conn:
-            return [tuple(row) for row in conn.execute(text(sql), params)]
-    finally:
-        engine.dispose()
-
-
-def db_runs(url: str) -> list[tuple]:
-    return db_query(url, "select id, kind, status, verdict from runs order by id")
-
-
-def db_baselines(url: str) -> list[tuple]:
-    return db_query(url, "select suite_name, run_id from baselines order by suite_name, hardware_class")
-
-
-def db_tables(url: str) -> set[str]:
-    engine = _engine(url)
-    try:
-        with engine.connect() as conn:
-            return set(inspect(conn).get_table_names())
-    finally:
-        engine.dispose()
-
-
-def write_suite(directory: Path, model: Path, prompts: list[str] | list[dict], *, dtype: str = "float32",
-                max_tokens: int = 16, concurrency=(1, 4, 16), shuffles: int = 1, extra_engine: str = "",
-                name: str = "test", database: str = SQLITE_IN_SUITE_DIR, kind: str = "vllm",
-                hot_pass: bool = True, extra_schedule: str = "") -> Path:
-    """A suite file plus its prompts file in `directory`; the model is referenced by absolute path; the
-    store is `database` (the store_url fixture), by default evalgate.sqlite next to the suite file.
-    `kind = "fake"`: the fake test engine (evalgate/engines/fake.py), for tests of evalgate's own plumbing."""
-    directory.mkdir(parents=True, exist_ok=True)
-    lines = []
-    for i, p in enumerate(prompts):
-        lines.append(json.dumps(p if isinstance(p, dict) else {"id": f"p{i:03d}", "prompt": p}))
-    (directory / "prompts.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    suite = directory / "evalgate.toml"
-    suite.write_text(f"""
-[suite]
-name = "{name}"
-database = "{database}"
-code_paths = ["prompts.jsonl"]
-
-[engine]
-kind = "{kind}"
-model = "{model}"
-dtype = "{dtype}"
-max_model_len = 512
-enforce_eager = true
-seed = 0
-{extra_engine}
-
-[sampling]
-max_tokens = {max_tokens}
-logprobs = 5
-
-[prompts]
-file = "prompts.jsonl"
-
-[schedule]
-concurrency = {list(concurrency)}
-shuffles = {shuffles}
-hot_pass = {str(hot_pass).lower()}
-{extra_schedule}
-""", encoding="utf-8")
-    return suite
-
-
-def read_json(path: Path) -> dict:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
-# --- long prompts for the tiny model ---------------------------------------------------------------------
-
-def variance_prompts(n: int = 48) -> list[str]:
-    """The tiny model's long prompts (117-439 of its tokens, longer than vLLM's 128-token CPU cache block).
-    What varies on them depends on the CPU (tests/variance.py): tests that need variance ask the survey."""
-    from variance import tiny_prompts
-
-    return list(tiny_prompts(n))
-
-
 # --- order: the longest modules first ----------------------------------------------------------------------
 
 # Measured per-module cost (seconds of one worker, CI machine class), longest first. Two workers that start
@@ -297,6 +118,9 @@ LONGEST_FIRST = ("test_e2e_lm_eval", "test_e2e_server", "test_demo", "test_smoll
                  "test_e2e_unicode_secrets", "test_e2e_faults")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: a module's own order is kept
+    for item in items:  # the tier is the directory: `-m "not e2e"` is the fast tier
+        item.add_marker(item.path.parent.name)

@@ -111,7 +111,7 @@ class VarianceSource:
 
     def suite(self, directory: Path, **kwargs) -> Path:
         """A suite file of this workload (conftest.write_suite's keywords)."""
-        from conftest import write_suite
+        from helpers import write_suite
 
         kwargs.setdefault("max_tokens", self.max_tokens)
         kwargs.setdefault("dtype", self.dtype)
@@ -151,7 +151,7 @@ def findings(results: dict) -> tuple[dict[str, list[str]], dict[str, list[str]],
 
 def survey(models_dir: Path, env: dict[str, str]) -> dict:
     """Try the candidates in order until one varies alone vs crowded; every tried one is in the table."""
-    from conftest import cached_model
+    from helpers import cached_model
 
     rows, chosen = [], None
     for candidate in candidates():

@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..judgement.compare import Divergence, first_divergence, within_run
-from ..errors import ConfigError
-from ..judgement.factors import BATCH_FACTORS, REMEDIES, words
-from ..records import Completion
 from ..configuration.schedule import passes_of
+from ..errors import ConfigError
+from ..judgement.compare import Divergence, first_divergence, within_run
+from ..judgement.factors import is_batch_factor, remedies, words
+from ..records import Completion
 from ..store import Store
 from .ddmin import BudgetExhausted, ddmin, naive_trials
 from .repro import ReproBatch, check_request, criterion_of, prompt_of, wave_of, write_repro
@@ -168,17 +168,17 @@ def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro
                               f"{run_id}`), or use `evalgate repro` for a change against the baseline")
     # A probe's neighbours (needle fillers) are not stored, so only the schedule's own passes can be bisected.
     batch_differences = [d for d in disagreement.differences
-                         if (d.factor in BATCH_FACTORS or d.factor is None) and not d.other.probe]
+                         if (is_batch_factor(d.factor) or d.factor is None) and not d.other.probe]
     if not batch_differences and any(d.other.probe for d in disagreement.differences):
         probes = ", ".join(sorted({d.other.probe for d in disagreement.differences if d.other.probe}))
         raise ConfigError(f"request {key!r} of run {run_id} varies only in probe passes ({probes}), whose companion "
                           "requests are not stored: the batch bisector cannot rebuild those batches",
-                          fix="; ".join(f"{words(f)}: {REMEDIES[f]}" for f in disagreement.factors if f in REMEDIES))
+                          fix=remedies(disagreement.factors))
     if not batch_differences:
         factors = ", ".join(words(f) for f in disagreement.factors)
         raise ConfigError(f"request {key!r} of run {run_id} varies under {factors}, not with who shares its batch: "
                           "the batch bisector cannot take that apart",
-                          fix="; ".join(f"{words(f)}: {REMEDIES[f]}" for f in disagreement.factors if f in REMEDIES))
+                          fix=remedies(disagreement.factors))
     by_pass = {c.pass_index: c for c in completions}
     reference = completions[0]  # the first pass: alone at the first concurrency level, cold
     flipping = [by_pass[d.other.index] for d in batch_differences if len(wave_of(record, key, d.other.index)) > 1
@@ -274,7 +274,7 @@ class _Trials:
 
     def __init__(self, *, suite, prompts, order, target, on, url, session_id, suite_name, subject, max_steps,
                  max_seconds, steps_done, elapsed, estimate, progress):
-        from ..execution.runner import Timings, load_engine
+        from ..engines import start_engine
         from ..store import open_store
 
         def relay(step, estimate, label, outcome, seconds):
@@ -287,7 +287,7 @@ class _Trials:
         self.bisection.steps, self.bisection.estimate = steps_done, estimate
         self.bisection.started -= elapsed  # the bounds count from the start of the whole bisect
         self.prompts, self.order, self.target, self.on = prompts, order, target, on
-        self.engine = load_engine(suite, Timings())
+        self.engine = start_engine(suite)
         self.reference: Completion | None = None
         self.cache: dict[frozenset, tuple[bool, Completion]] = {}
 

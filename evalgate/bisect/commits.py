@@ -46,12 +46,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..judgement.compare import first_divergence
+from ..configuration.suite import load_suite, resolve_database_url
 from ..errors import ConfigError, EngineError, EvalgateError
 from ..execution.processes import group_members, is_python, signal_quietly
+from ..judgement.compare import first_divergence
 from ..store import open_store
 from ..store.db import sqlite_path
-from ..configuration.suite import load_suite, resolve_database_url
 from .ddmin import BudgetExhausted
 from .session import Bisection, Bounds, TrialCallback, TrialOutcome
 from .trials import differing_keys, run_trial, same

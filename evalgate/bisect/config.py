@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..judgement.compare import first_divergence
 from ..errors import ConfigError, EngineError
 from ..fingerprint import REDACTED
+from ..judgement.compare import first_divergence
 from ..store import RunRecord, Store
 from .ddmin import BudgetExhausted, ddmin, naive_trials
 from .session import Bisection, Bounds, TrialCallback, TrialOutcome

@@ -29,15 +29,15 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..judgement.compare import Divergence, first_divergence, within_run
+from ..configuration.prompts import SCORING_TYPES, Prompt
+from ..configuration.schedule import passes_of
 from ..errors import ConfigError
-from ..judgement.factors import BATCH_FACTORS, words
 from ..fingerprint import ENV_IGNORED, ENV_PREFIXES, REDACTED
 from ..fingerprint import delta as fingerprint_delta
+from ..judgement.compare import Divergence, first_divergence, within_run
+from ..judgement.factors import is_batch_factor, words
 from ..records import Completion, unpack_ids
-from ..configuration.schedule import passes_of
 from ..store import RunRecord, Store
-from ..configuration.prompts import SCORING_TYPES, Prompt
 
 PACK_SCHEMA = "evalgate.repro/1"
 
@@ -139,7 +139,7 @@ def default_batches(store: Store, record: RunRecord, key: str) -> tuple[str, str
             batches.append(ReproBatch(label, [w.key for w in wave], c,
                                       f"run {record.id}, pass {c.pass_index} (concurrency {c.concurrency}), wave {c.wave}"))
         notes = []
-        if disagreement.factor not in BATCH_FACTORS + ("repeat", None):
+        if not (is_batch_factor(disagreement.factor) or disagreement.factor in ("repeat", None)):
             notes.append(f"the recorded difference is attributed to {words(disagreement.factor)}; this pack replays "
                          "the two batches, each in a fresh engine, so it shows batch effects only")
         return "batch_variance", "pair", batches, disagreement.divergence, notes

@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..judgement.compare import first_divergence
-from ..fingerprint import REDACTED, env_snapshot
-from ..records import Completion
-from ..execution.runner import Timings
-from ..store import RunRecord, Store
 from ..configuration.schedule import Schedule
 from ..configuration.suite import Suite, load_suite
+from ..execution.runner import Timings
+from ..fingerprint import REDACTED, env_snapshot
+from ..judgement.compare import first_divergence
+from ..records import Completion
+from ..store import RunRecord, Store
 
 RUN_KIND = "bisect"
 
@@ -59,11 +59,12 @@ def run_trial(suite: Suite, url: str, keys: list[str] | None, *, concurrency: in
               env: dict[str, str | None] | None = None, progress=None) -> tuple[int, dict[str, Completion]]:
     """Run `keys` of the suite (all requests if None) in one pass at `concurrency`, in a fresh engine process
     with `env`. Returns the trial's run id and its output per request key."""
-    from ..execution.worker import run_in_worker
+    from ..execution.worker import execute_in_worker
 
     timings = Timings()
-    run_id = run_in_worker(suite, url, kind=RUN_KIND, schedule=Schedule(concurrency=(concurrency,), shuffles=0, repeats=1, hot_pass=False),
-                           timings=timings, progress=progress, env=env, keys=tuple(keys) if keys is not None else None)
+    schedule = Schedule(concurrency=(concurrency,), shuffles=0, repeats=1, hot_pass=False)
+    run_id = execute_in_worker(suite, url, kind=RUN_KIND, schedule=schedule, timings=timings, progress=progress, env=env,
+                               keys=tuple(keys) if keys is not None else None)
     store = _store(url)
     record = store.load(run_id)
     store.finish_run(run_id, status="complete", schedule={**record.run.schedule, "timings": dict(timings)})

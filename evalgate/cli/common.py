@@ -65,8 +65,8 @@ def show_engine_log(exc: BaseException) -> None:
 
 def open_store_for(db: str | None, suite_path: Path | None):
     """The existing store named by --db, else by the suite file, else the default under ./baselines."""
-    from ..store import open_store
     from ..configuration.suite import DEFAULT_DATABASE, load_suite, resolve_database_url
+    from ..store import open_store
 
     if db:
         return open_store(resolve_database_url(db, Path.cwd()), create=False)

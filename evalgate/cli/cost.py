@@ -10,9 +10,9 @@ import typer
 from rich.table import Table
 
 from .. import cost as cost_lib
-from ..judgement.factors import words
 from ..configuration.schedule import with_overrides
 from ..configuration.suite import find_suite, load_suite
+from ..judgement.factors import words
 from .common import console, err_console, handled, parse_levels
 
 

@@ -7,12 +7,11 @@ from pathlib import Path
 import typer
 
 from .. import gate
-from ..models.demo import (PERTURBATION, PERTURBED_TENSOR, crowded_tokens_per_second, perturb, remedy_args, with_engine_args,
-                    write_workspace)
+from ..configuration.suite import load_suite
 from ..judgement.factors import words
+from ..models.demo import PERTURBATION, PERTURBED_TENSOR, crowded_tokens_per_second, perturb, remedy_args, with_engine_args, write_workspace
 from ..reports.explain import margin_text
 from ..reports.terminal import render_report
-from ..configuration.suite import load_suite
 from .common import console, handled, progress_bar
 
 

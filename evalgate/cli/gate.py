@@ -12,13 +12,13 @@ import click
 import typer
 
 from .. import gate
+from ..configuration.shard import parse_shard
+from ..configuration.suite import find_suite, load_suite, with_fail_on
 from ..errors import EvalgateError, ExitCode
 from ..reports import github
 from ..reports.json_report import write_json
 from ..reports.junit import write_infra_error, write_junit
 from ..reports.terminal import render_report
-from ..configuration.shard import parse_shard
-from ..configuration.suite import find_suite, load_suite, with_fail_on
 from .common import VerboseOpt, console, err_console, handled, parse_levels, progress_bar
 
 SuiteArg = typer.Argument(None, help="Suite TOML file (default: ./evalgate.toml or \\[tool.evalgate] in ./pyproject.toml)")

@@ -8,8 +8,8 @@ from typing import Optional
 import typer
 
 from ..errors import ConfigError
-from ..reports.html import build_html
 from ..reports.atomic import write_text_atomic
+from ..reports.html import build_html
 from .common import console, handled, open_store_for
 
 

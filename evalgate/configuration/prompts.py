@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import read_capped
 from ..errors import ConfigError
+from .config import read_capped
 
 PROMPT_KEYS = {"id", "prompt", "messages", "chat_template_kwargs", "max_tokens", "metadata"}
 CHAT_ROLES = ("system", "developer", "user", "assistant")

@@ -24,17 +24,17 @@ split into waves of `concurrency` requests submitted together, which is what rea
 
 from __future__ import annotations
 
-import random
 import hashlib
+import random
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING
-
-from ..judgement.factors import WORDS
 
 if TYPE_CHECKING:
     from .load import Load
 
 COLD, HOT, UNKNOWN = "cold", "hot", "unknown"
+# Factor names of runs recorded before the probe registry, read as today's names.
+RENAMED_FACTORS = {"chunking": "chunked_prefill"}
 FULL, ROTATING = "full", "rotating"
 PRESETS = (FULL, ROTATING)
 
@@ -67,7 +67,7 @@ class Pass:
     reference: int | None = None  # the pass this one differs from in `factor` only
     factor: str | None = None  # None with a reference: unattributed (a run recorded before conditions)
     salt_of: int | None = None  # whose cache salts the requests carry (a hot pass: its reference's)
-    probe: str | None = None  # the probe that added this pass (evalgate/execution/probes.py)
+    probe: str | None = None  # the probe that added this pass (evalgate/execution/probes/)
     engine_args: str | None = None  # a probe's own engine: its settings over the suite's, as canonical JSON
     sample: str | None = None  # "slot/rotation": only the requests of that rotation slot (rotating preset)
 
@@ -89,33 +89,6 @@ class Pass:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def comparison_label(reference: Pass, other: Pass) -> str:
-    """`batch size 1→8`: what changed from the reference pass to this one, for people."""
-    if other.probe == "needle":
-        return f"neighbours: alone→among {other.concurrency - 1} long fillers (needle)"
-    if other.probe == "prefix_cache":
-        return "prefix cache cold→half the prompt cached (prefix_cache probe)"
-    if other.probe == "prefill_decode":
-        return "prefill vs decode: the output re-scored by one prefill"
-    if other.probe == "chunked_prefill":
-        return f"chunked prefill: unchunked→chunked ({other.engine_args})"
-    if other.probe == "preemption":
-        return f"preemption: at batch size {other.concurrency} with a KV cache that forces it ({other.engine_args})"
-    if other.probe == "batch_edges":
-        return f"batch size {reference.concurrency}→{other.concurrency} (batch edge)"
-    if other.factor == "batch_size":
-        return f"batch size {reference.concurrency}→{other.concurrency}"
-    if other.factor == "order":
-        return f"order (seed {other.order_seed}) at batch size {other.concurrency}"
-    if other.factor == "prefix_cache":
-        return f"prefix cache {reference.cache}→{other.cache}"
-    if other.factor == "repeat":
-        return f"repeat of pass {reference.index}"
-    if other.factor is None:
-        return f"pass {reference.index}→{other.index} (unattributed)"
-    return WORDS.get(other.factor, other.factor)
 
 
 def rotation_slot(key: str, rotation: int) -> int:
@@ -179,7 +152,9 @@ def passes_of(schedule_record: dict | None) -> list[Pass]:
     passes = []
     for raw in (schedule_record or {}).get("passes") or []:
         if "cache" in raw:
-            passes.append(Pass(**{k: v for k, v in raw.items() if k in names}))
+            known = {k: v for k, v in raw.items() if k in names}
+            known["factor"] = RENAMED_FACTORS.get(known.get("factor"), known.get("factor"))
+            passes.append(Pass(**known))
         else:
             index = raw["index"]
             passes.append(Pass(index, raw["concurrency"], raw.get("repeat", 0), raw.get("order_seed"),

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import check_keys, evalgate_tables, fail, is_dir, is_file, not_json, os_reason, resolve_path, short, typed
 from ..engines import COMMON_KEYS, engine_class, engine_kinds
 from ..errors import ConfigError
 from ..hashing import digest
+from .config import check_keys, evalgate_tables, fail, is_dir, is_file, not_json, os_reason, resolve_path, short, typed
 from .load import parse_load
 from .policy import FAIL_ON, GatePolicy, parse_gate_table
 from .prompts import SCORING_TYPES, Prompt, load_prompts
@@ -130,18 +130,20 @@ def find_suite(path: str | Path | None = None) -> Path:
 
 def parse_probes(value, where: str, sec: str) -> tuple[str, ...]:
     """`probes = ["needle", "prefill_decode"]` or a preset name (`probes = "vllm"`): evalgate/execution/probes.py."""
-    from ..execution.probes import PRESETS, PROBES
+    from ..execution.probes import PRESETS, probe_names
+
+    known = probe_names()
 
     if isinstance(value, str) and value in PRESETS:
         return PRESETS[value]
     names = [value] if isinstance(value, str) else value
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise fail(where, f"`{sec}probes` must be a list of probe names or a preset",
-                   f'e.g. probes = ["needle", "prefill_decode"] or probes = "vllm"; probes: {", ".join(PROBES)}')
+                   f'e.g. probes = ["needle", "prefill_decode"] or probes = "vllm"; probes: {", ".join(known)}')
     for name in names:
-        if name not in PROBES:
+        if name not in known:
             raise fail(where, f"`{sec}probes`: unknown probe {name!r}",
-                       f"use one of {', '.join(PROBES)}, or the preset \"vllm\" (all of them)")
+                       f"use one of {', '.join(known)}, or the preset \"vllm\" (all of them)")
     return tuple(dict.fromkeys(names))
 
 

@@ -10,10 +10,9 @@ through the `evalgate.engines` entry-point group, as lm-eval's `register_model` 
 
 from __future__ import annotations
 
-import importlib
-from importlib import metadata
 from typing import TYPE_CHECKING
 
+from ..registry import Registry
 from .base import COMMON_KEYS, INVARIANCE_PLATFORMS, Engine, EngineConfig, arrange_batch_invariance
 
 if TYPE_CHECKING:
@@ -27,27 +26,21 @@ BUILTIN_ENGINES = {
     "fake": "evalgate.engines.fake:FakeEngine",
 }
 ENTRY_POINT_GROUP = "evalgate.engines"
+ENGINES = Registry(ENTRY_POINT_GROUP, BUILTIN_ENGINES)
 
 
 def engine_kinds() -> dict[str, str]:
     """Every known kind -> "module:Class": the built-in ones, then those of installed plugins."""
-    kinds = dict(BUILTIN_ENGINES)
-    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        kinds.setdefault(entry.name, entry.value)
-    return kinds
+    return ENGINES.targets()
 
 
 def engine_class(kind: str) -> type[Engine] | None:
     """The class registered for `kind`, or None when no kind of that name is known."""
-    # a built-in kind needs no scan of every installed distribution's entry points
-    target = BUILTIN_ENGINES.get(kind) or engine_kinds().get(kind)
-    if target is None:
-        return None
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+    return ENGINES.load(kind)
 
 
-def open_engine(suite: Suite) -> Engine:
+def start_engine(suite: Suite) -> Engine:
+    """Build the suite's engine (in the engine process: this is where vLLM loads the model)."""
     cls = engine_class(suite.engine_kind)
     if cls is None:
         raise ValueError(f"unknown engine kind {suite.engine_kind!r}")
@@ -55,4 +48,4 @@ def open_engine(suite: Suite) -> Engine:
 
 
 __all__ = ["BUILTIN_ENGINES", "COMMON_KEYS", "INVARIANCE_PLATFORMS", "Engine", "EngineConfig",
-           "arrange_batch_invariance", "engine_class", "engine_kinds", "open_engine"]
+           "arrange_batch_invariance", "engine_class", "engine_kinds", "start_engine"]

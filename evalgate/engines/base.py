@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, ClassVar, MutableMapping
 
 from ..configuration import config
-from ..errors import ConfigError
 from ..configuration.prompts import SCORING_TYPES, Prompt
+from ..errors import ConfigError
 from ..records import Completion
 
 # Platforms whose vLLM build ships the batch-invariant kernels; elsewhere VLLM_BATCH_INVARIANT=1 is never set.

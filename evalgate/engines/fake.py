@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..configuration import config
-from ..fingerprint import env_snapshot, model_component
 from ..configuration.prompts import SCORING_TYPES, Prompt
+from ..fingerprint import env_snapshot, model_component
 from ..records import Completion
 from .base import COMMON_KEYS, Engine, EngineConfig
 

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..configuration import config
 from ..configuration.config import check_keys, fail, typed
+from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..errors import ConfigError, EngineError
 from ..fingerprint import component
 from ..hashing import digest
-from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..records import Completion, rank_top
 from .base import COMMON_KEYS, Engine, EngineConfig, request_salt
 

@@ -12,9 +12,9 @@ import re
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..errors import ConfigError, EngineError, MissingDependency
 from ..fingerprint import env_snapshot
-from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..records import Completion, rank_top
 from .base import INVARIANCE_PLATFORMS, Engine, arrange_batch_invariance, request_salt
 

@@ -30,13 +30,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, EngineError
-from ..fingerprint import env_snapshot
 from ..execution.processes import set_parent_death_signal
+from ..fingerprint import env_snapshot
 from .base import EngineConfig, arrange_batch_invariance
 from .openai_api import VLLM_SERVER_OWN_KEYS, OpenAIEngine, api_key, parse_server_config
 

@@ -15,15 +15,16 @@ import uuid
 from dataclasses import asdict, replace
 from typing import Callable, Iterator
 
-from ..engines import Engine, open_engine
+from ..configuration.prompts import SCORING_TYPES
+from ..configuration.schedule import ROTATING, UNKNOWN, Pass, Schedule, in_sample, plan_passes, waves
+from ..configuration.shard import Shard
+from ..configuration.suite import Suite
+from ..engines import Engine, start_engine
 from ..errors import ConfigError, EngineError, EvalgateError
 from ..fingerprint import build_fingerprint
-from .probes import Wave, probe_waves
-from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..records import Completion
-from ..configuration.schedule import ROTATING, UNKNOWN, Pass, Schedule, in_sample, plan_passes, waves
 from ..store import Store
-from ..configuration.suite import Suite
+from .probes import Wave, WaveContext, get_probe, probe_waves
 
 # progress(done, total, label): requests completed across all passes.
 Progress = Callable[[int, int, str], None]
@@ -39,12 +40,14 @@ class Timings(dict):
     def add(self, phase: str, seconds: float) -> None:
         self[phase] = self.get(phase, 0.0) + seconds
 
-
-def load_engine(suite: Suite, timings: Timings) -> Engine:
-    start = time.perf_counter()
-    engine = open_engine(suite)
-    timings.add("engine_load", time.perf_counter() - start)
-    return engine
+    @contextlib.contextmanager
+    def phase(self, phase: str):
+        """Add the time spent in the `with` block to `phase`."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(phase, time.perf_counter() - t0)
 
 
 def tokenize_prompts(suite: Suite, engine: Engine) -> dict[str, list[int]]:
@@ -66,14 +69,14 @@ def tokenize_prompts(suite: Suite, engine: Engine) -> dict[str, list[int]]:
     return prompt_ids
 
 
-def run_suite(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings: Timings,
-              progress: Progress | None = None, on_run: Callable[[int], None] | None = None,
-              labels: dict | None = None, keys: tuple[str, ...] | None = None) -> int:
-    """Everything a run does in the engine's process: find the suite's lm-eval tasks (before the engine
-    starts: a broken task file costs no engine start), start the engine, build the tasks' requests, keep
-    this shard's requests (or only `keys`, for bisect trials), run every pass, then let lm-eval score the
-    first pass (whole suites only). Returns the run id."""
-    from ..configuration.shard import parse_shard, select_keys, select_shard
+def execute_suite(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings: Timings,
+                  progress: Progress | None = None, on_run: Callable[[int], None] | None = None,
+                  labels: dict | None = None, shard: Shard | None = None, keys: tuple[str, ...] | None = None) -> int:
+    """Everything a run does in the engine's process, stage by stage: find the suite's lm-eval tasks
+    (before the engine starts: a broken task file costs no engine start), start the engine, build the
+    tasks' requests, keep this `shard`'s requests (or only `keys`, for bisect trials), record every pass
+    (`record_run`), then let lm-eval score the first pass (whole suites only). Returns the run id."""
+    from ..configuration.shard import select_keys, select_shard
 
     # vLLM's, lm-eval's and datasets' progress bars (read when tqdm is imported): evalgate shows its own.
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -81,37 +84,34 @@ def run_suite(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings:
     if suite.lm_eval is not None:
         from ..lmeval.tasks import prepare
 
-        t0 = time.perf_counter()
-        prepared = prepare(suite.lm_eval, suite.path)
-        timings.add("lm_eval", time.perf_counter() - t0)
-    engine = load_engine(suite, timings)
+        with timings.phase("lm_eval"):
+            prepared = prepare(suite.lm_eval, suite.path)
+    with timings.phase("engine_load"):
+        engine = start_engine(suite)
     tasks = None
     if prepared is not None:
         from ..lmeval.tasks import TaskRun
 
-        t0 = time.perf_counter()
-        tasks = TaskRun(prepared, engine.tokenizer, engine.max_model_len, suite.sampling)
-        suite = tasks.build(suite)
-        timings.add("lm_eval", time.perf_counter() - t0)
-    shard = (labels or {}).get("shard")
-    if shard:
-        suite = select_shard(suite, parse_shard(shard))
+        with timings.phase("lm_eval"):
+            tasks = TaskRun(prepared, engine.tokenizer, engine.max_model_len, suite.sampling)
+            suite = tasks.build(suite)
+    if shard is not None:
+        suite = select_shard(suite, shard)
     if keys is not None:
         suite = select_keys(suite, keys)
     # Bisect trials run some requests and compare them with other trials: each wave starts from an empty
     # prefix cache, so an output never depends on which requests happened to run before it.
-    run_id = execute(suite, url, engine, kind=kind, schedule=schedule, timings=timings, progress=progress,
-                     on_run=on_run, labels=labels, cold_waves=kind == "bisect")
-    if tasks is not None and not shard and keys is None:  # part of a task: its metrics would mislead
+    labels = {**(labels or {}), "shard": str(shard) if shard else None}
+    run_id = record_run(suite, url, engine, kind=kind, schedule=schedule, timings=timings, progress=progress,
+                        on_run=on_run, labels=labels, cold_waves=kind == "bisect")
+    if tasks is not None and shard is None and keys is None:  # part of a task: its metrics would mislead
         from ..store import open_store
 
         store = open_store(url)
-        with incomplete_on_failure(store, run_id, "scoring with lm-eval: "):
-            t0 = time.perf_counter()
+        with incomplete_on_failure(store, run_id, "scoring with lm-eval: "), timings.phase("lm_eval"):
             first_pass = {key: outputs[0] for key, outputs in store.load(run_id).outputs.items()}
             scores, samples = tasks.score(first_pass)
             store.add_scores(run_id, scores, samples)
-            timings.add("lm_eval", time.perf_counter() - t0)
     return run_id
 
 
@@ -128,9 +128,9 @@ def incomplete_on_failure(store: Store, run_id: int, context: str = ""):
         raise
 
 
-def execute(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Schedule, timings: Timings,
-            progress: Progress | None = None, on_run: Callable[[int], None] | None = None,
-            labels: dict | None = None, cold_waves: bool = False) -> int:
+def record_run(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Schedule, timings: Timings,
+               progress: Progress | None = None, on_run: Callable[[int], None] | None = None,
+               labels: dict | None = None, cold_waves: bool = False) -> int:
     """Run every pass of the schedule and store it; returns the run id (status still `running`).
     `cold_waves`: reset the engine's prefix cache before each wave (engines that have one).
 
@@ -189,7 +189,7 @@ def plan_for(schedule: Schedule, engine: Engine, suite: Suite,
              prompt_ids: dict[str, list[int]]) -> tuple[list[Pass], list[dict]]:
     """The schedule's passes on this engine, its probes' passes, and what of it cannot run here (with the
     reason: never reported as passed)."""
-    from .probes import own_engine_args, plan_probes
+    from .probes import PlanContext, plan_probes
 
     not_run = []
     if not engine.salts_cache:
@@ -206,36 +206,31 @@ def plan_for(schedule: Schedule, engine: Engine, suite: Suite,
         not_run.append({"pass": "prefix cache hot", "reason": "the engine has prefix caching off "
                         "(enable_prefix_caching = false): there is no cache to warm"})
     passes = plan_passes(schedule, prefix_caching=engine.prefix_caching)
-    generating = sum(1 for p in suite.prompts if p.request_type not in SCORING_TYPES)
-    longest = max((len(ids) for ids in prompt_ids.values()), default=0)
-    own = own_engine_args(longest, engine.max_model_len, engine.kv_block_size) if engine.starts_probe_engines else None
-    probes, probes_not_run = plan_probes(schedule, passes, len(suite.prompts), engine.capture_sizes, generating, own)
-    if "prefix_cache" in schedule.probes and engine.prefix_caching is False:
-        probes = [p for p in probes if p.probe != "prefix_cache"]
-        probes_not_run.append({"pass": "probe prefix_cache", "reason": "the engine has prefix caching off"})
+    context = PlanContext(
+        schedule=schedule, passes=passes, requests=len(suite.prompts),
+        generating=sum(1 for p in suite.prompts if p.request_type not in SCORING_TYPES),
+        longest_prompt=max((len(ids) for ids in prompt_ids.values()), default=0),
+        max_model_len=engine.max_model_len, capture_sizes=engine.capture_sizes, kv_block_size=engine.kv_block_size,
+        starts_engines=engine.starts_probe_engines, prefix_caching=engine.prefix_caching)
+    probes, probes_not_run = plan_probes(schedule.probes, context)
     return passes + probes, not_run + probes_not_run
 
 
-def pass_waves(pass_: Pass, keys: list[str], by_key: dict[str, Prompt], *, schedule: Schedule, engine: Engine,
-               prompt_ids: dict[str, list[int]], first_pass: dict[str, Completion]) -> Iterator[Wave]:
-    """The waves of a pass: the schedule's (every request recorded), or a probe's (evalgate/execution/probes.py)."""
+def pass_waves(pass_: Pass, keys: list[str], context: WaveContext) -> Iterator[Wave]:
+    """The waves of a pass: the schedule's (every request recorded), or a probe's (execution/probes/)."""
     if pass_.probe:
-        yield from probe_waves(pass_, keys, by_key, schedule=schedule, engine=engine, prompt_ids=prompt_ids,
-                               reference=first_pass)
+        yield from probe_waves(pass_, keys, context)
         return
     for wave in waves(keys, pass_):
-        yield Wave([by_key[k] for k in wave], [True] * len(wave))
+        yield Wave.of([context.prompts[k] for k in wave])
 
 
 def probe_engine(suite: Suite, current: Engine, pass_: Pass, timings: Timings) -> Engine:
     """A probe's own engine: the suite's settings with the probe's over them. The current engine is closed
     first, so only one engine holds memory (a GPU has room for one)."""
     current.close()
-    t0 = time.perf_counter()
-    try:
-        return open_engine(replace(suite, engine_args={**suite.engine_args, **json.loads(pass_.engine_args)}))
-    finally:
-        timings.add("engine_load", time.perf_counter() - t0)
+    with timings.phase("engine_load"):
+        return start_engine(replace(suite, engine_args={**suite.engine_args, **json.loads(pass_.engine_args)}))
 
 
 def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes: list[Pass], timings: Timings,
@@ -251,22 +246,21 @@ def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes:
     load = schedule.load
     first_pass: dict[str, Completion] = {}
     for pass_ in passes:
-        preempted_before = None
+        probe = get_probe(pass_.probe) if pass_.probe else None
         if pass_.engine_args:
             try:
                 engine = probe_engine(suite, engine, pass_, timings)
             except EvalgateError as exc:
                 dropped.append((pass_, f"its engine ({pass_.engine_args}) did not start: {exc.message}"))
                 continue
-            preempted_before = engine.preemptions()
+        before = probe.before(engine) if probe else None
         pass_outputs = []
         wave_seconds: list[float] = []
         # [load]: a server engine keeps filler traffic running through this pass (evalgate/configuration/load.py)
         loaded = load is not None and load.applies(pass_.concurrency) and not pass_.probe
         with (engine.under_load(load, pass_) if loaded else contextlib.nullcontext({})) as load_stats:
-            waves_of_pass = pass_waves(pass_, keys, by_key, schedule=schedule, engine=engine, prompt_ids=prompt_ids,
-                                       first_pass=first_pass)
-            for wave_index, wave in enumerate(waves_of_pass):
+            context = WaveContext(schedule, engine, by_key, prompt_ids, first_pass)
+            for wave_index, wave in enumerate(pass_waves(pass_, keys, context)):
                 if cold_waves:
                     engine.reset_cache()
                 t0 = time.perf_counter()
@@ -286,13 +280,9 @@ def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes:
                     progress(min(done, total), total, pass_.label)
         if pass_.index == 0:
             first_pass = {c.key: c for c in pass_outputs}
-        preemptions = None
-        if pass_.probe == "preemption":
-            after = engine.preemptions()
-            preemptions = None if after is None or preempted_before is None else after - preempted_before
-            if not preemptions:
-                dropped.append((pass_, "vLLM reported no preemption in this pass" if preemptions == 0 else
-                                "the engine does not report preemptions, so preemption is unproven"))
+        proof, unproven = probe.proof(engine, before) if probe else ({}, None)
+        if unproven:
+            dropped.append((pass_, unproven))
         # Per-pass throughput figures (read by `evalgate cost` and benchmarks/); a wave's time is the latency
         # of each of its requests, since a wave is submitted and returns together.
         timings.setdefault("passes", []).append({
@@ -300,7 +290,7 @@ def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes:
             "requests": len(pass_outputs),
             "output_tokens": sum(len(c.output_ids) for c in pass_outputs),
             "seconds": sum(wave_seconds), "wave_seconds": wave_seconds, **({"load": load_stats} if loaded else {}),
-            **({"preemptions": preemptions} if pass_.probe == "preemption" else {}),
+            **proof,
         })
         t0 = time.perf_counter()
         store.add_outputs(run_id, pass_outputs)

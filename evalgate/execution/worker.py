@@ -14,6 +14,10 @@ error crosses the process boundary as plain values and is rebuilt from its exit 
 The engine's own output (vLLM's and torch's log lines, C-level warnings) goes to a log file when one is
 given (`engine_log`): the child points its stdout and stderr there before anything is imported.
 The child also asks for SIGTERM when its parent dies, so a killed evalgate never leaves an engine running.
+
+`EVALGATE_INLINE_ENGINE=1` runs the job in this process instead: no isolation (a crash takes evalgate
+with it), no engine log, the same errors and the same run bookkeeping. It is for debugging and for the
+plumbing tests on the fake engine, which then run in milliseconds; never for a gate you rely on.
 """
 
 from __future__ import annotations
@@ -28,30 +32,32 @@ import time
 from itertools import count
 from pathlib import Path
 
+from ..configuration.schedule import Schedule
+from ..configuration.shard import Shard
+from ..configuration.suite import Suite
 from ..errors import ConfigError, EngineError, EvalgateError, error_for_exit_code
 from .processes import current_owner, set_parent_death_signal
-from .runner import Progress, Timings, run_suite
-from ..configuration.schedule import Schedule
-from ..configuration.suite import Suite
+from .runner import Progress, Timings, execute_suite
 
 GRACE_SECONDS = 60  # how long an interrupted child may take to mark its run incomplete
+INLINE_ENV = "EVALGATE_INLINE_ENGINE"
 _log_numbers = count(1)
 
 
-def run_in_worker(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings: Timings,
-                  progress: Progress | None = None, labels: dict | None = None,
-                  env: dict[str, str | None] | None = None, keys: tuple[str, ...] | None = None,
-                  show_engine_output: bool = False) -> int:
+def execute_in_worker(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings: Timings,
+                      progress: Progress | None = None, labels: dict | None = None, shard: Shard | None = None,
+                      env: dict[str, str | None] | None = None, keys: tuple[str, ...] | None = None,
+                      show_engine_output: bool = False) -> int:
     """Execute the suite in a child process; return the run id (status still `running`). `env`: variables
     set in the child's environment only (None unsets one), before the engine is imported (e.g. per
     `evalgate cost` candidate or bisect trial). `keys`: run only these requests (bisect trials). The run
     is owned by this process (`runs list` calls it abandoned if this process dies before finishing it).
     The engine's output goes to `engine_log_path` unless `show_engine_output`."""
-    engine_log = None if show_engine_output else engine_log_path(suite, kind)
+    engine_log = None if show_engine_output or inline() else engine_log_path(suite, kind)
     labels = {**(labels or {}), "owner": current_owner(),
               "engine_log": str(engine_log) if engine_log is not None else None}
-    result = call_in_worker(_run_suite_job, dict(suite=suite, url=url, kind=kind, schedule=schedule,
-                                                 labels=labels, keys=keys), url=url, progress=progress, env=env,
+    result = call_in_worker(_execute_job, dict(suite=suite, url=url, kind=kind, schedule=schedule, labels=labels,
+                                               shard=shard, keys=keys), url=url, progress=progress, env=env,
                             engine_log=engine_log)
     timings.update(result["timings"])
     return result["run_id"]
@@ -72,10 +78,10 @@ def log_tail(path: Path | None, lines: int = 30) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def _run_suite_job(*, suite, url, kind, schedule, labels, keys, progress, on_run) -> dict:
+def _execute_job(*, suite, url, kind, schedule, labels, shard, keys, progress, on_run) -> dict:
     timings = Timings()
-    run_id = run_suite(suite, url, kind=kind, schedule=schedule, timings=timings, progress=progress,
-                       on_run=on_run, labels=labels, keys=keys)
+    run_id = execute_suite(suite, url, kind=kind, schedule=schedule, timings=timings, progress=progress,
+                           on_run=on_run, labels=labels, shard=shard, keys=keys)
     return {"run_id": run_id, "timings": dict(timings)}
 
 
@@ -84,6 +90,8 @@ def call_in_worker(job, kwargs: dict, *, url: str | None = None, progress: Progr
     """Call the module-level function `job(**kwargs, progress=, on_run=)` in a fresh child process and
     return its (picklable) result. A run the job announces through `on_run(run_id)` is marked incomplete
     in `url`'s store if the job fails or is interrupted. An error raised here carries `engine_log`."""
+    if inline():
+        return _call_inline(job, kwargs, url=url, progress=progress, env=env)
     ctx = multiprocessing.get_context("spawn")
     messages = ctx.Queue()
     child = ctx.Process(target=_child_main, args=(job, kwargs, messages, env, engine_log), name="evalgate-engine")
@@ -130,6 +138,40 @@ def call_in_worker(job, kwargs: dict, *, url: str | None = None, progress: Progr
         raise
 
 
+def inline() -> bool:
+    """Whether jobs run in this process ($EVALGATE_INLINE_ENGINE=1: debugging, plumbing tests)."""
+    return os.environ.get(INLINE_ENV, "") not in ("", "0")
+
+
+def _call_inline(job, kwargs: dict, *, url: str | None, progress: Progress | None,
+                 env: dict[str, str | None] | None):
+    """`call_in_worker` without the child: the job's variables are set for its duration only."""
+    saved = {name: os.environ.get(name) for name in env or {}}
+    run_ids: list[int] = []
+    try:
+        _apply_env(env)
+        return job(**kwargs, progress=progress or (lambda *_: None), on_run=run_ids.append)
+    except BaseException as exc:
+        if run_ids and url is not None:
+            from ..store import open_store
+
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            open_store(url).mark_incomplete(run_ids[-1], status, str(exc) or status)
+        if isinstance(exc, EvalgateError) or isinstance(exc, KeyboardInterrupt):
+            raise
+        raise EngineError(f"{type(exc).__name__}: {exc}") from exc  # as the child reports it
+    finally:
+        _apply_env(saved)
+
+
+def _apply_env(env: dict[str, str | None] | None) -> None:
+    for name, value in (env or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def _stop(child) -> None:
     """Ask the child to stop (SIGTERM: it marks its run incomplete), wait a while, then make sure."""
     if child.is_alive():
@@ -154,11 +196,7 @@ def _child_main(job, kwargs: dict, messages, env: dict[str, str | None] | None =
     set_parent_death_signal()  # SIGTERM, handled below like a cancel: the run is marked interrupted
     if engine_log is not None:
         _redirect_output(engine_log)
-    for name, value in (env or {}).items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    _apply_env(env)
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt

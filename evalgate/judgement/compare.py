@@ -5,8 +5,8 @@ from __future__ import annotations
 import struct
 from dataclasses import asdict, dataclass
 
-from ..records import Completion
 from ..configuration.schedule import Pass
+from ..records import Completion
 
 
 @dataclass(frozen=True)

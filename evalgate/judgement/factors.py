@@ -1,40 +1,83 @@
 """The factors a pass can change, one at a time (**contract**: the `factor` of a `batch_variance` verdict).
 
-Each pass of a run differs from its reference pass in exactly one factor (evalgate/configuration/schedule.py), so a
-difference between the two is attributed to that factor. For each factor: how people read it, and the
-settings that remove it (named in reports, measured by `evalgate cost`).
+Each pass of a run differs from its reference pass in exactly one factor (evalgate/configuration/schedule.py),
+so a difference between the two is attributed to that factor. For each factor: how people read it, and the
+settings that remove it (named in reports, measured by `evalgate cost`). The schedule's own factors are
+here; a probe that introduces a factor of its own carries its words and remedy (execution/probes/).
 """
 
 from __future__ import annotations
 
-FACTORS = ("batch_size", "neighbours", "order", "prefix_cache", "chunking", "preemption", "prefill_decode", "repeat")
+from ..configuration.schedule import RENAMED_FACTORS, Pass
+from ..execution.probes import BUILTIN_PROBES, get_probe
 
-WORDS = {
-    "batch_size": "batch size",
-    "neighbours": "neighbours",
-    "order": "order",
-    "prefix_cache": "prefix cache",
-    "chunking": "chunked prefill",
-    "preemption": "preemption",
-    "prefill_decode": "prefill vs decode",
-    "repeat": "repeat (same condition)",
+BATCH_REMEDY = "batch invariance (batch_invariant = true on CUDA/ROCm/XPU) or engine.max_num_seqs = 1"
+
+# factor -> (words, remedy, whether it is about who shared the batch)
+SCHEDULE_FACTORS = {
+    "batch_size": ("batch size", BATCH_REMEDY, True),
+    "order": ("order", BATCH_REMEDY, True),
+    "prefix_cache": ("prefix cache", "a per-request cache_salt in production, or engine.enable_prefix_caching = false",
+                     False),
+    "repeat": ("repeat (same condition)",
+               "nothing in the schedule explains it: the engine is nondeterministic (check seed and kernels)", False),
 }
 
-# What removes each factor's effect, for people; `evalgate cost` measures the engine settings among them.
-REMEDIES = {
-    "batch_size": "batch invariance (batch_invariant = true on CUDA/ROCm/XPU) or engine.max_num_seqs = 1",
-    "neighbours": "batch invariance (batch_invariant = true on CUDA/ROCm/XPU) or engine.max_num_seqs = 1",
-    "order": "batch invariance (batch_invariant = true on CUDA/ROCm/XPU) or engine.max_num_seqs = 1",
-    "prefix_cache": "a per-request cache_salt in production, or engine.enable_prefix_caching = false",
-    "chunking": "engine.enable_chunked_prefill = false, or a max_num_batched_tokens above the longest prompt",
-    "preemption": "more KV-cache memory (gpu_memory_utilization / VLLM_CPU_KVCACHE_SPACE) or a lower max_num_seqs",
-    "prefill_decode": "batch invariance (batch_invariant = true): its kernels make prefill and decode agree",
-    "repeat": "nothing in the schedule explains it: the engine is nondeterministic (check seed and kernels)",
-}
 
-# The factors that the batch bisector (`evalgate bisect batch`) can take apart: who shared the batch.
-BATCH_FACTORS = ("batch_size", "neighbours", "order")
+def _probe_factor(factor: str) -> tuple[str, str, bool] | None:
+    for name in BUILTIN_PROBES:
+        probe = get_probe(name)
+        if probe.factor == factor and probe.words:
+            return probe.words, probe.remedy or "", probe.batch_factor
+    return None
+
+
+def _about(factor: str | None) -> tuple[str, str, bool] | None:
+    factor = RENAMED_FACTORS.get(factor or "", factor or "")
+    return SCHEDULE_FACTORS.get(factor) or _probe_factor(factor)
+
+
+def factors() -> tuple[str, ...]:
+    """Every built-in factor: the schedule's, then those the probes introduce."""
+    own = [get_probe(name).factor for name in BUILTIN_PROBES]
+    return tuple(dict.fromkeys([*SCHEDULE_FACTORS, *own]))
 
 
 def words(factor: str | None) -> str:
-    return WORDS.get(factor or "", "unattributed (recorded before conditions)")
+    about = _about(factor)
+    return about[0] if about else "unattributed (recorded before conditions)" if not factor else factor
+
+
+def remedy(factor: str | None) -> str | None:
+    """What removes the factor's effect, for people (None: nothing known)."""
+    about = _about(factor)
+    return about[1] if about else None
+
+
+def is_batch_factor(factor: str | None) -> bool:
+    """Whether the factor is about who shared the batch: what `evalgate bisect batch` can take apart."""
+    about = _about(factor)
+    return bool(about and about[2])
+
+
+def comparison_label(reference: Pass, other: Pass) -> str:
+    """`batch size 1→8`: what changed from the reference pass to this one, for people."""
+    probe = get_probe(other.probe) if other.probe else None
+    if probe is not None:
+        return probe.label(reference, other)
+    if other.factor == "batch_size":
+        return f"batch size {reference.concurrency}→{other.concurrency}"
+    if other.factor == "order":
+        return f"order (seed {other.order_seed}) at batch size {other.concurrency}"
+    if other.factor == "prefix_cache":
+        return f"prefix cache {reference.cache}→{other.cache}"
+    if other.factor == "repeat":
+        return f"repeat of pass {reference.index}"
+    if other.factor is None:
+        return f"pass {reference.index}→{other.index} (unattributed)"
+    return words(other.factor)
+
+
+def remedies(factors) -> str:
+    """`batch size: <what removes it>; prefix cache: ...` for the factors that have a known remedy."""
+    return "; ".join(f"{words(f)}: {remedy(f)}" for f in factors if remedy(f))

@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from .compare import Divergence, first_divergence, max_logprob_delta, within_run
+from ..configuration.policy import BITS_ONLY, GatePolicy
+from ..configuration.schedule import HOT, UNKNOWN, Pass, passes_of
 from ..errors import ExitCode
 from ..fingerprint import delta as fingerprint_delta
 from ..fingerprint import describe_changes
-from ..configuration.policy import BITS_ONLY, GatePolicy
-from ..configuration.schedule import HOT, UNKNOWN, Pass, comparison_label, passes_of
 from ..store import RunRecord
+from .compare import Divergence, first_divergence, max_logprob_delta, within_run
+from .factors import comparison_label
 
 VERDICTS = ("stable", "batch_variance", "silent_regression", "explained_change", "new", "missing")
 FAILURES = ("batch_variance", "silent_regression")

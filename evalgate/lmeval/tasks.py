@@ -1,6 +1,6 @@
 """lm-eval tasks as evalgate requests: run unchanged, gated at the token level, scored by lm-eval itself.
 
-Three steps, all in the engine's process (evalgate/execution/runner.py `run_suite`):
+Three steps, all in the engine's process (evalgate/execution/runner.py `execute_suite`):
 1. `prepare`: find the suite's tasks (its include paths first; lm-eval's built-in tasks only when a name is
    not found there), parse every task YAML of the include paths, anchor relative data paths to the task
    file's directory (lm-eval resolves them against the working directory) and check they exist. Cheap, and
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, EvalgateError, MissingDependency
-from ..hashing import digest
 from ..configuration.prompts import Prompt
 from ..configuration.suite import LmEvalConfig, Suite
+from ..errors import ConfigError, EvalgateError, MissingDependency
+from ..hashing import digest
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default when a task sets no max_gen_toks
 
@@ -156,8 +156,7 @@ def _anchor_data_paths(cfg: dict, yaml_path: Path) -> dict:
 def _lm_class():
     """The TemplateLM subclass, defined lazily: lm-eval is imported only for suites that have tasks."""
     from lm_eval.api.model import TemplateLM
-    from lm_eval.models.utils import handle_stop_sequences, has_bos_prefix, maybe_truncate, normalize_gen_kwargs
-    from lm_eval.models.utils import postprocess_generated_text
+    from lm_eval.models.utils import handle_stop_sequences, has_bos_prefix, maybe_truncate, normalize_gen_kwargs, postprocess_generated_text
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
     class EvalgateLM(TemplateLM):

@@ -72,7 +72,7 @@ hot_pass = false             # these prompts are shorter than one prefix-cache b
 
 
 # What removes each factor's variance where batch-invariant kernels are not in force: one sequence at a time
-# for who shares the batch, no prefix cache for the cache (factors.REMEDIES; `evalgate cost` prices both).
+# for who shares the batch, no prefix cache for the cache (judgement/factors.py remedies; `evalgate cost` prices both).
 REMEDY_ARGS = {"batch_size": {"max_num_seqs": 1}, "neighbours": {"max_num_seqs": 1}, "order": {"max_num_seqs": 1},
                "prefill_decode": {"max_num_seqs": 1}, "prefix_cache": {"enable_prefix_caching": False}}
 

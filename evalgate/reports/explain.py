@@ -4,7 +4,7 @@ a margin and the reason for a difference are spelled, so the same request reads 
 from __future__ import annotations
 
 from ..judgement.compare import Divergence
-from ..judgement.factors import BATCH_FACTORS, REMEDIES, words
+from ..judgement.factors import is_batch_factor, remedy, words
 from ..judgement.verdict import FAILURES, STRICT_FAILURES, RequestVerdict
 
 STACK_NAMES = "model, tokenizer, engine, code, hardware, env"
@@ -152,8 +152,8 @@ def factor_lines(factors: list[dict], cache_hits: list[dict] = (), not_run: list
         lines.append("varies under: " + ", ".join(
             f"{f['comparison']} ({f['differing']} request{'s' if f['differing'] != 1 else ''})" for f in varying))
         for factor in dict.fromkeys(f["factor"] for f in varying):
-            if factor in REMEDIES:
-                lines.append(f"  {words(factor)}: removed by {REMEDIES[factor]}")
+            if remedy(factor):
+                lines.append(f"  {words(factor)}: removed by {remedy(factor)}")
     for hits in cache_hits:
         total = hits["hit"] + hits["missed"] + hits["unknown"]
         if hits["unknown"] == total:
@@ -173,7 +173,7 @@ def factor_lines(factors: list[dict], cache_hits: list[dict] = (), not_run: list
 def batch_bisectable(v: RequestVerdict) -> bool:
     """Whether the batch bisector can take this variance apart: it varies with who shares its batch (or the
     run predates conditions, so no one knows)."""
-    return v.factor in BATCH_FACTORS or v.factor is None
+    return is_batch_factor(v.factor) or v.factor is None
 
 
 def split_location(location: str | None) -> tuple[str | None, int | None]:
@@ -212,8 +212,8 @@ def failure_text(v: RequestVerdict, fingerprint_changes: dict | None = None) -> 
                      f"{p['total_passes'] - 1} comparisons differ")
         if len(p.get("factors") or []) > 1:
             lines.append(f"varies under: {', '.join(str(f) for f in p['factors'])}")
-        if v.factor in REMEDIES:
-            lines.append(f"removed by: {REMEDIES[v.factor]}")
+        if remedy(v.factor):
+            lines.append(f"removed by: {remedy(v.factor)}")
     elif v.verdict == "silent_regression":
         lines.append("changed components: none (model, tokenizer, engine, code, hardware, env are all unchanged)")
     if v.verdict in ("silent_regression", "explained_change") and v.passes and v.passes.get("condition"):

@@ -18,8 +18,18 @@ from pathlib import Path
 from typing import Iterable, Mapping, TextIO
 
 from ..judgement.verdict import VERDICTS, Report, RequestVerdict
-from .explain import (STACK_NAMES, divergence_tokens, factor_lines, gate_lines, invariance, is_failure, margin_text, one_line,
-                      split_location, why)
+from .explain import (
+    STACK_NAMES,
+    divergence_tokens,
+    factor_lines,
+    gate_lines,
+    invariance,
+    is_failure,
+    margin_text,
+    one_line,
+    split_location,
+    why,
+)
 
 MAX_SUMMARY_ROWS = 20
 MAX_ANNOTATIONS = 50  # GitHub shows at most 10 error annotations per step and 50 per job

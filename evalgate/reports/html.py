@@ -16,9 +16,9 @@ import html
 from dataclasses import dataclass, field
 
 from ..fingerprint import delta, describe_changes
+from ..judgement.verdict import FAILURES, VERDICTS, RequestVerdict
 from ..records import Completion
 from ..store import display_status
-from ..judgement.verdict import FAILURES, VERDICTS, RequestVerdict
 from .explain import STACK_NAMES, factor_lines, gate_lines, invariance, margin_text, one_line, token_label, verdict_from_dict, why
 
 MAX_REQUESTS = 500  # token diffs rendered; the rest are listed by key only

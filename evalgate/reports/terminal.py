@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ..judgement.factors import REMEDIES, words
+from ..judgement.factors import remedies
 from ..judgement.verdict import FAILURES, Report
 from .explain import batch_bisectable, divergence_tokens, factor_lines, gate_lines, margin_text, one_line, why
 
@@ -91,7 +91,7 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
         if report.promoted:
             console.print(f"run {report.run_id} is now the baseline for suite {report.suite_name!r} on this hardware")
         else:
-            fixes = "; ".join(f"{words(f)}: {REMEDIES[f]}" for f in _varying(report) if f in REMEDIES)
+            fixes = remedies(_varying(report))
             console.print(f"[red]run {report.run_id} was NOT promoted to baseline[/]: its passes disagree. "
                           + escape(f"Fix the variance ({fixes or 'batch invariance, max_num_seqs=1'}) or pass --allow-variance."))
 

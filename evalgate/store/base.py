@@ -24,12 +24,12 @@ def _upsert_insert(dialect: str):
 class StoreBase:
     def __init__(self, url: str):
         self.url = display_url(url)  # for messages: no password
-        self.engine = make_engine(url)
-        migrate(self.engine, url)
+        self.database = make_engine(url)  # the SQLAlchemy engine ("engine" in evalgate is the inference engine)
+        migrate(self.database, url)
         # Several evalgate processes may store the same new identity or promote at once: "insert if missing"
         # must be one statement (INSERT ... ON CONFLICT), which SQLite and PostgreSQL both have.
-        self.upsert_insert = _upsert_insert(self.engine.dialect.name)
-        self._session = sessionmaker(self.engine, expire_on_commit=False)
+        self.upsert_insert = _upsert_insert(self.database.dialect.name)
+        self._session = sessionmaker(self.database, expire_on_commit=False)
 
     def session(self) -> Session:
         return self._session()

@@ -15,8 +15,8 @@ from sqlalchemy import func, insert, literal, select
 from sqlalchemy.orm import Session
 
 from ..errors import ConfigError
-from ..fingerprint import fingerprint_hash
 from ..execution.processes import current_owner, owner_alive
+from ..fingerprint import fingerprint_hash
 from ..records import Completion, StoredCompletion, encode_payload, pack_ids, same_payload
 from .base import StoreBase
 from .models import Fingerprint, Output, Payload, Request, Run, Verdict, utcnow
@@ -75,7 +75,7 @@ class RunStore(StoreBase):
     def _check_fits(self, suite) -> None:
         """A database server enforces column lengths and refuses NUL in strings (SQLite does neither):
         refuse a suite name or prompt id that would not fit, naming it, before anything is written."""
-        if self.engine.dialect.name == "sqlite":
+        if self.database.dialect.name == "sqlite":
             return
         limit = Run.__table__.c.suite_name.type.length
         if len(suite.name) > limit or "\x00" in suite.name:
@@ -243,6 +243,12 @@ class RunStore(StoreBase):
         if run is None:
             raise ConfigError(f"run {run_id} does not exist in {self.url}", fix="see `evalgate runs list`")
         return run
+
+    def has_outputs(self, run_id: int) -> bool:
+        """Whether the run stored any output (it got past engine start). Raises for a missing run."""
+        self.get_run(run_id)
+        with self.session() as s:
+            return s.scalar(select(Output.id).where(Output.run_id == run_id).limit(1)) is not None
 
     def verdicts(self, run_id: int) -> list[dict]:
         with self.session() as s:

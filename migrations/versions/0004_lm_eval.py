@@ -4,8 +4,8 @@ name the requests that moved a task metric
 Revision ID: 0004
 Revises: 0003
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = "0004"
 down_revision = "0003"

@@ -5,8 +5,8 @@ runs stored before this compare with runs stored after it.
 Revision ID: 0009
 Revises: 0008
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 from evalgate.records import Completion, decode_payload, encode_payload, pack_floats, pack_ids, unpack_floats, unpack_ids
 from evalgate.store.portable import NulSafeText

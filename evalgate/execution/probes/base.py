@@ -1,0 +1,112 @@
+"""What a probe is: one targeted scenario where batch invariance is known to break (vLLM's own
+determinism tests, tests/v1/determinism/), as one class in one file.
+
+A probe adds passes to a run. Each differs from an earlier pass (its reference, pass 0 unless the probe
+says otherwise) in the probe's one factor, so the passes are judged like every other pass
+(evalgate/judgement/verdict.py) and a difference is attributed to that factor. Everything about one probe
+lives on its class:
+
+- `name`, `factor`: the name a suite file uses and the factor its passes change. A probe that introduces
+  a factor of its own also gives its `words` (how people read it), its `remedy` (what removes it) and
+  whether it is a `batch_factor` (who shared the batch: the batch bisector can take it apart);
+- `plan(context, add)`: adds its passes (`add(concurrency, reference=..., **condition)`), or returns the
+  reason it cannot run on this suite and engine;
+- `engine_args(context)`: settings over the suite's for a probe that needs an engine of its own (those
+  run last, each in its own engine, one engine in memory at a time); None: the run's engine;
+- `waves(pass_, keys, context)`: what is submitted together, with companion requests (fillers, warmers)
+  that share the engine's batches but are never stored or judged;
+- `label(reference, other)`: what changed, for people;
+- `before(engine)` / `proof(engine, before)`: how it proves it ran (vLLM's preemption counter): figures
+  recorded with the pass, and the reason when it did not happen (the pass is then reported as not run).
+
+Adding a probe: docs/design.md, "Adding a probe".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
+
+from ...configuration.prompts import Prompt
+from ...configuration.schedule import Pass, Schedule
+
+if TYPE_CHECKING:
+    from ...engines import Engine
+    from ...records import Completion
+
+COMPANION_PREFIX = "evalgate-companion:"  # fillers' keys (never stored; their cache salts are their own)
+
+# add(concurrency, reference=0, **condition) -> the new pass's index
+AddPass = Callable[..., int]
+
+
+@dataclass(frozen=True)
+class Wave:
+    """Requests submitted together. `recorded[i]` False: a companion (filler, warmer), never stored."""
+
+    prompts: list[Prompt]
+    recorded: list[bool]
+
+    @classmethod
+    def of(cls, prompts: list[Prompt]) -> Wave:
+        """A wave of the suite's own requests, every one recorded."""
+        return cls(prompts, [True] * len(prompts))
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What a probe plans with: the schedule's passes and the facts of this suite and engine."""
+
+    schedule: Schedule
+    passes: list[Pass]  # the schedule's own passes; pass 0 is the reference
+    requests: int
+    generating: int  # requests that generate text (lm-eval scoring requests are prefills already)
+    longest_prompt: int
+    max_model_len: int
+    capture_sizes: tuple[int, ...] | None  # the engine's CUDA-graph capture sizes (None: none)
+    kv_block_size: int | None
+    starts_engines: bool  # whether the engine kind can start another engine with other settings
+    prefix_caching: bool | None
+
+
+@dataclass(frozen=True)
+class WaveContext:
+    """What a probe's waves are built from."""
+
+    schedule: Schedule
+    engine: Engine
+    prompts: dict[str, Prompt]  # by key
+    prompt_ids: dict[str, list[int]]
+    reference: dict[str, Completion]  # pass 0's outputs by key
+
+
+class Probe:
+    name: ClassVar[str]
+    factor: ClassVar[str]
+    words: ClassVar[str | None] = None  # a factor of the probe's own: how people read it
+    remedy: ClassVar[str | None] = None  # ... and what removes it
+    batch_factor: ClassVar[bool] = False  # ... and whether it is about who shared the batch
+
+    def plan(self, context: PlanContext, add: AddPass) -> str | None:
+        """Add this probe's passes; return the reason it cannot run here instead (never reported as passed)."""
+        raise NotImplementedError
+
+    def engine_args(self, context: PlanContext) -> dict[str, Any] | None:
+        """Settings over the suite's engine settings, for a probe that needs an engine of its own."""
+        return None
+
+    def waves(self, pass_: Pass, keys: list[str], context: WaveContext) -> Iterator[Wave]:
+        """By default the suite's requests in waves of the pass's concurrency, nothing beside them."""
+        for i in range(0, len(keys), pass_.concurrency):
+            yield Wave.of([context.prompts[k] for k in keys[i : i + pass_.concurrency]])
+
+    def label(self, reference: Pass, other: Pass) -> str:
+        raise NotImplementedError
+
+    def before(self, engine: Engine) -> Any:
+        """State read before the pass runs, for `proof`."""
+        return None
+
+    def proof(self, engine: Engine, before: Any) -> tuple[dict[str, Any], str | None]:
+        """Figures recorded with the pass, and the reason the pass proved nothing (None: it did)."""
+        return {}, None

@@ -1,0 +1,63 @@
+"""`needle` (factor neighbours): each request alone among `needle_batch` long fillers, at a seeded random
+position (vLLM's needle test: long prefills join the request's decode batch).
+
+Filler length: `needle_filler_tokens`, by default half the engine's max_model_len, at most 2048, always
+leaving room for the fillers' own generated tokens. Fillers are companions: never stored or judged.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Iterator
+
+from ...configuration.prompts import Prompt
+from .base import COMPANION_PREFIX, AddPass, PlanContext, Probe, Wave, WaveContext
+
+MAX_FILLER_TOKENS = 2048
+FILLER_TEXT = ("The committee reviewed every chapter of the annual report, compared the figures with last year's "
+               "accounts, and wrote a long summary of what had changed and why. ")
+
+
+class Needle(Probe):
+    name = "needle"
+    factor = "neighbours"
+    words = "neighbours"
+    remedy = "batch invariance (batch_invariant = true on CUDA/ROCm/XPU) or engine.max_num_seqs = 1"
+    batch_factor = True
+
+    def plan(self, context: PlanContext, add: AddPass) -> str | None:
+        add(context.schedule.needle_batch + 1)
+        return None
+
+    def waves(self, pass_, keys: list[str], context: WaveContext) -> Iterator[Wave]:
+        fillers = needle_fillers(context)
+        rng = random.Random(context.schedule.seed)
+        for n, key in enumerate(keys):
+            wave = [replace(f, key=f"{f.key}-{n}") for f in fillers]  # own cache salts: the fillers run cold
+            at = rng.randrange(len(wave) + 1)
+            wave.insert(at, context.prompts[key])
+            yield Wave(wave, [i == at for i in range(len(wave))])
+
+    def label(self, reference, other) -> str:
+        return f"neighbours: alone→among {other.concurrency - 1} long fillers (needle)"
+
+
+def filler_tokens(needle_filler_tokens: int, max_model_len: int, longest_request: int) -> int:
+    """Filler length: as set, else half the context (at most 2048), always leaving room for the fillers'
+    own generated tokens."""
+    wanted = needle_filler_tokens or min(MAX_FILLER_TOKENS, max_model_len // 2)
+    return max(1, min(wanted, max_model_len - longest_request - 1))
+
+
+def needle_fillers(context: WaveContext) -> list[Prompt]:
+    """`needle_batch` long filler requests of token ids (deterministic)."""
+    schedule, engine = context.schedule, context.engine
+    longest = max((len(ids) for ids in context.prompt_ids.values()), default=0)
+    length = filler_tokens(schedule.needle_filler_tokens, engine.max_model_len, longest)
+    unit = engine.encode(FILLER_TEXT) or [1]
+    fillers = []
+    for i in range(schedule.needle_batch):
+        ids = (unit * (length // len(unit) + 2))[i % len(unit):][:length]
+        fillers.append(Prompt(f"{COMPANION_PREFIX}filler-{i}", "", max_tokens=8, line=0, prompt_ids=tuple(ids)))
+    return fillers

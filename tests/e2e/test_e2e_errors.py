@@ -1,0 +1,143 @@
+"""Bad input through the real CLI: a clear message naming the file and field, exit 2 (or 4), and nothing
+written. The engine-argument and prompt-length checks use the real vLLM."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+
+import pytest
+from helpers import CLI, write_suite
+
+pytestmark = pytest.mark.e2e
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_missing_model_dir(cli, tmp_path):
+    suite = write_suite(tmp_path, tmp_path / "no-such-model", ["hello"])
+    proc = cli("baseline", "create", suite, check=2)
+    assert str(suite) in proc.stderr and "engine.model" in proc.stderr and "fix:" in proc.stderr
+    assert not (tmp_path / "evalgate.sqlite").exists()
+
+
+def test_malformed_suite_file(cli, tmp_path, tiny_model):
+    suite = write_suite(tmp_path, tiny_model, ["hello"])
+    suite.write_text(suite.read_text() + "\n[schedule\nconcurrency = 3\n")
+    proc = cli("check", suite, check=2)
+    assert str(suite) in proc.stderr and "malformed TOML" in proc.stderr
+    assert not (tmp_path / "evalgate.sqlite").exists()
+
+
+def test_wrong_type_names_the_field(cli, tmp_path, tiny_model):
+    suite = write_suite(tmp_path, tiny_model, ["hello"])
+    suite.write_text(suite.read_text().replace("max_tokens = 16", 'max_tokens = "lots"'))
+    proc = cli("baseline", "create", suite, check=2)
+    assert "sampling.max_tokens" in proc.stderr and "integer" in proc.stderr
+
+
+def test_unknown_engine_argument(cli, tmp_path, tiny_model):
+    suite = write_suite(tmp_path, tiny_model, ["hello"], extra_engine="max_num_seq = 4")
+    proc = cli("baseline", "create", suite, check=2)
+    assert "engine.max_num_seq" in proc.stderr and "max_num_seqs" in proc.stderr  # did-you-mean
+    assert not (tmp_path / "evalgate.sqlite").exists()
+
+
+def test_empty_prompts_file(cli, tmp_path, tiny_model):
+    suite = write_suite(tmp_path, tiny_model, ["hello"])
+    (tmp_path / "prompts.jsonl").write_text("\n")
+    proc = cli("baseline", "create", suite, check=2)
+    assert "prompts.jsonl" in proc.stderr and "empty" in proc.stderr
+    assert not (tmp_path / "evalgate.sqlite").exists()
+
+
+def test_database_from_newer_schema_is_refused_untouched(cli, tmp_path, tiny_model):
+    suite = write_suite(tmp_path, tiny_model, ["hello"])
+    from evalgate.store import open_store
+
+    db = tmp_path / "evalgate.sqlite"
+    open_store(f"sqlite:///{db}").engine.dispose()  # a real evalgate database...
+    conn = sqlite3.connect(db)  # ...as a future evalgate would leave it
+    with conn:
+        conn.execute("update alembic_version set version_num = '9999_from_the_future'")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    before = digest(db)
+    proc = cli("check", suite, check=2)
+    assert "newer evalgate" in proc.stderr and "9999_from_the_future" in proc.stderr and str(db) in proc.stderr
+    assert digest(db) == before
+
+
+def test_not_a_database_file_is_refused_untouched(cli, tmp_path, tiny_model):
+    suite = write_suite(tmp_path, tiny_model, ["hello"])
+    db = tmp_path / "evalgate.sqlite"
+    db.write_bytes(b"these are my notes, not a database\n" * 10)
+    before = digest(db)
+    proc = cli("baseline", "create", suite, check=2)
+    assert "not an evalgate database" in proc.stderr and str(db) in proc.stderr
+    assert digest(db) == before
+
+
+def test_prompt_longer_than_context_stores_no_run(cli, tmp_path, tiny_model):
+    suite = write_suite(tmp_path, tiny_model, ["short", "word " * 600])
+    proc = cli("baseline", "create", suite, check=2)
+    assert "prompts.jsonl:2" in proc.stderr and "max_model_len" in proc.stderr
+    assert not (tmp_path / "evalgate.sqlite").exists()  # checked before the database is opened
+
+
+def test_no_suite_file_found(cli, tmp_path):
+    proc = cli("check", check=2)
+    assert "no suite file" in proc.stderr
+
+
+def test_accept_unknown_run(cli, tmp_path, tiny_model):
+    from evalgate.store import open_store
+
+    suite = write_suite(tmp_path, tiny_model, ["hello"])
+    open_store(f"sqlite:///{tmp_path / 'evalgate.sqlite'}").engine.dispose()
+    proc = cli("baseline", "accept", "42", "--suite", suite, check=2)
+    assert "run 42 does not exist" in proc.stderr
+
+
+def test_history_commands_do_not_create_a_database(cli, tmp_path):
+    missing = tmp_path / "typo.sqlite"
+    proc = cli("runs", "list", "--db", missing, check=2)
+    assert "no evalgate database" in proc.stderr and str(missing) in proc.stderr
+    assert not missing.exists()
+
+
+def test_engine_argument_value_vllm_refuses_is_a_configuration_error(cli, tmp_path, tiny_model):
+    """vLLM itself refuses the value (the tiny model has 512 positions): exit 2 naming the suite file, the
+    field and vLLM's reason, nothing written; not exit 3 "vLLM failed to start"."""
+    suite = write_suite(tmp_path, tiny_model, ["hello"])
+    suite.write_text(suite.read_text().replace("max_model_len = 512", "max_model_len = 2048"))
+    proc = cli("baseline", "create", suite, check=2)
+    assert str(suite) in proc.stderr and "`engine.max_model_len`" in proc.stderr
+    assert "max_position_embeddings" in proc.stderr and "fix:" in proc.stderr  # vLLM's reason, kept
+    assert "failed to start" not in proc.stderr
+    assert not (tmp_path / "evalgate.sqlite").exists()
+    assert not list((tmp_path / ".evalgate" / "logs").glob("*.log"))  # no log left behind for bad input
+
+
+@pytest.mark.parametrize("module, suite_extra", [
+    ("vllm", ""),
+    ("lm_eval", "\n[lm_eval]\ntasks = [\"arith\"]\ninclude_path = [\"tasks\"]\n"),
+])
+def test_dependency_missing_in_the_engine_process_is_exit_2_with_the_install_fix(cli, tmp_path, tiny_model, module,
+                                                                               suite_extra):
+    """The package is importable nowhere on this path (a stand-in that raises ImportError, first on
+    PYTHONPATH): the error crosses from the engine process and is still exit 2 with the pip command."""
+    shim = tmp_path / "shim" / module
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text(f"raise ImportError('No module named {module}')\n")
+    (tmp_path / "tasks").mkdir()
+    suite = write_suite(tmp_path, tiny_model, ["hello"], kind="fake" if module == "lm_eval" else "vllm")
+    suite.write_text(suite.read_text() + suite_extra)
+    env = dict(cli.env, PYTHONPATH=f"{tmp_path / 'shim'}{os.pathsep}{cli.env.get('PYTHONPATH', '')}")
+    proc = CLI(env, tmp_path)("baseline", "create", suite, check=2)
+    assert "is not installed" in proc.stderr and "pip install" in proc.stderr, proc.stderr
+    assert "TypeError" not in proc.stderr
+    assert not (tmp_path / "evalgate.sqlite").exists()

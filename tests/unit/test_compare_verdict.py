@@ -1,0 +1,518 @@
+"""Comparison and verdicts on recorded outputs (docs/design.md "Verdicts"), without any engine."""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from evalgate.configuration.schedule import Schedule, plan_passes
+from evalgate.errors import ExitCode
+from evalgate.fingerprint import COMPONENTS, component
+from evalgate.judgement.compare import first_divergence, within_run
+from evalgate.judgement.verdict import REPORT_SCHEMA, VERDICTS, Report, RequestVerdict, judge
+from evalgate.records import Completion
+from evalgate.store import RunRecord
+
+
+def flip_last_bit(x: float) -> float:
+    (n,) = struct.unpack("<Q", struct.pack("<d", x))
+    return struct.unpack("<d", struct.pack("<Q", n ^ 1))[0]
+
+
+def comp(ids, lps=None, *, key="r", pass_index=0, concurrency=1, top=None) -> Completion:
+    lps = list(lps) if lps is not None else [-0.5 - i for i in range(len(ids))]
+    if top is None:
+        top = [[lp, lp - 1.0 - i] for i, lp in enumerate(lps)]  # margin at position i is 1 + i
+    return Completion(key=key, prompt_ids=[1], output_ids=list(ids), logprobs=lps,
+                      top_ids=[[t, t + 1000] for t in ids], top_logprobs=top,
+                      token_texts=[f"<{t}>" for t in ids], text="".join(f"<{t}>" for t in ids),
+                      finish_reason="length", pass_index=pass_index, concurrency=concurrency)
+
+
+def fingerprint(**changed) -> dict:
+    """A full fingerprint; keyword arguments replace a component's data."""
+    return {name: component(changed.get(name, {"what": name})) for name in COMPONENTS}
+
+
+def record(run_id: int, outputs: dict[str, list[Completion]], *, fp=None, request_hashes=None,
+           suite_name="s", schedule: dict | None = None) -> RunRecord:
+    request_hashes = request_hashes or {}
+    requests = {key: SimpleNamespace(key=key, request_hash=request_hashes.get(key, f"h-{key}"),
+                                     location=f"prompts.jsonl:{i + 1}")
+                for i, key in enumerate(outputs)}
+    run = SimpleNamespace(id=run_id, suite_name=suite_name, schedule=schedule)
+    return RunRecord(run=run, fingerprint=fp or fingerprint(), requests=requests, outputs=outputs)
+
+
+def passes(key: str, *completions: Completion) -> list[Completion]:
+    """Stamp key and pass index (pass i at concurrency 1, 4, 16, ...) onto completions."""
+    levels = [1, 4, 16, 16, 16]
+    for i, c in enumerate(completions):
+        c.key, c.pass_index, c.concurrency = key, i, levels[i]
+    return list(completions)
+
+
+def by_key(report: Report) -> dict[str, RequestVerdict]:
+    return {v.key: v for v in report.verdicts}
+
+
+IDS = [11, 12, 13, 14, 15]
+
+
+# --- first_divergence ------------------------------------------------------------------------------------
+
+
+def test_identical_completions_do_not_diverge():
+    assert first_divergence(comp(IDS), comp(IDS)) is None
+
+
+def test_token_divergence_position_tokens_and_margin():
+    other = list(IDS)
+    other[3] = 99
+    div = first_divergence(comp(IDS), comp(other))
+    assert (div.position, div.kind) == (3, "token")
+    assert (div.reference_id, div.other_id) == (14, 99)
+    assert (div.reference_text, div.other_text) == ("<14>", "<99>")
+    assert div.margin == 4.0  # the reference's top-1 minus top-2 at position 3
+
+
+def test_first_of_several_differences_is_reported():
+    div = first_divergence(comp(IDS), comp([11, 0, 13, 0, 0]))
+    assert div.position == 1
+
+
+def test_logprob_only_divergence():
+    lps = [-0.5, -1.5, -2.5, -3.5, -4.5]
+    changed = list(lps)
+    changed[2] = flip_last_bit(changed[2])
+    div = first_divergence(comp(IDS, lps), comp(IDS, changed))
+    assert (div.position, div.kind) == (2, "logprob")
+    assert div.reference_id == div.other_id == 13
+    assert div.reference_logprob == -2.5 and div.other_logprob == changed[2]
+
+
+def test_signed_zero_logprob_is_a_divergence():
+    div = first_divergence(comp([1, 2], [0.0, -1.0]), comp([1, 2], [-0.0, -1.0]))
+    assert (div.position, div.kind) == (0, "logprob")
+
+
+@pytest.mark.parametrize("ref, other, position, ref_id, other_id", [
+    (IDS, IDS[:3], 3, 14, None),  # the other stopped early
+    (IDS[:2], IDS, 2, None, 13),  # the other ran longer
+    ([], IDS, 0, None, 11),
+])
+def test_length_divergence(ref, other, position, ref_id, other_id):
+    div = first_divergence(comp(ref), comp(other))
+    assert (div.position, div.kind, div.reference_id, div.other_id) == (position, "length", ref_id, other_id)
+
+
+def test_margin_is_none_past_the_reference_end():
+    div = first_divergence(comp(IDS[:2]), comp(IDS))
+    assert div.margin is None
+
+
+def test_divergence_to_dict_is_json():
+    div = first_divergence(comp(IDS), comp([11, 12, 0, 14, 15]))
+    d = div.to_dict()
+    assert set(d) == {"position", "kind", "reference_id", "reference_text", "other_id", "other_text", "margin",
+                      "reference_logprob", "other_logprob"}
+    json.dumps(d)
+
+
+# --- within_run ------------------------------------------------------------------------------------------
+
+
+def test_within_run_agreeing_passes():
+    assert within_run(passes("r", comp(IDS), comp(IDS), comp(IDS))) is None
+    assert within_run([]) is None
+    assert within_run([comp(IDS)]) is None
+
+
+def test_within_run_reports_first_disagreeing_pass_and_count():
+    other = [11, 12, 77, 14, 15]
+    d = within_run(passes("r", comp(IDS), comp(IDS), comp(other), comp(other)))
+    assert (d.reference_pass, d.reference_concurrency) == (0, 1)
+    assert (d.other_pass, d.other_concurrency) == (2, 16)
+    assert d.differing_passes == 2
+    assert (d.divergence.position, d.divergence.kind, d.divergence.other_id) == (2, "token", 77)
+
+
+# --- judge -----------------------------------------------------------------------------------------------
+
+
+def test_batch_variance_without_baseline():
+    current = record(2, {
+        "a": passes("a", comp(IDS), comp(IDS)),
+        # The margin reported is the reference's (pass 0): a near-tie there.
+        "b": passes("b", comp(IDS, top=[[-1.0, -1.0009765625]] * 5), comp([11, 12, 13, 50, 15])),
+    })
+    report = judge(current, None, kind="baseline")
+    v = by_key(report)
+    assert v["a"].verdict == "stable"
+    assert v["b"].verdict == "batch_variance"
+    assert v["b"].divergence.position == 3
+    assert v["b"].divergence.margin == 0.0009765625
+    assert v["b"].passes == {"reference_pass": 0, "reference_concurrency": 1, "other_pass": 1,
+                             "other_concurrency": 4, "differing_passes": 1, "total_passes": 2,
+                             "factors": [None]}  # no recorded plan: unattributed
+    assert v["b"].factor is None
+    assert v["b"].location == "prompts.jsonl:2"
+    assert report.exit_code == ExitCode.REGRESSION and report.status == "regression"
+    assert report.baseline_run_id is None and report.changed_components == []
+
+
+def test_batch_variance_wins_over_baseline_comparison():
+    baseline = record(1, {"a": passes("a", comp(IDS))})
+    current = record(2, {"a": passes("a", comp(IDS), comp([11, 0, 13, 14, 15]))})
+    assert by_key(judge(current, baseline))["a"].verdict == "batch_variance"
+
+
+def test_equal_to_baseline_with_equal_fingerprint_is_stable():
+    baseline = record(1, {"a": passes("a", comp(IDS), comp(IDS))})
+    current = record(2, {"a": passes("a", comp(IDS), comp(IDS))})
+    report = judge(current, baseline)
+    assert [v.verdict for v in report.verdicts] == ["stable"]
+    assert report.exit_code == ExitCode.PASS == 0 and report.status == "pass"
+    assert report.to_dict()["requests"] == []
+
+
+def test_different_with_equal_fingerprint_is_silent_regression():
+    baseline = record(1, {"a": passes("a", comp(IDS)), "b": passes("b", comp(IDS))})
+    current = record(2, {"a": passes("a", comp(IDS)), "b": passes("b", comp([11, 12, 13, 14, 99]))})
+    report = judge(current, baseline)
+    v = by_key(report)
+    assert v["a"].verdict == "stable"
+    assert v["b"].verdict == "silent_regression"
+    assert v["b"].components == []
+    assert (v["b"].divergence.position, v["b"].divergence.reference_id, v["b"].divergence.other_id) == (4, 15, 99)
+    assert report.exit_code == ExitCode.REGRESSION
+    assert report.changed_components == []
+
+
+def test_logprob_only_difference_against_baseline_is_a_silent_regression():
+    lps = [-0.5, -1.5, -2.5, -3.5, -4.5]
+    changed = list(lps)
+    changed[4] = flip_last_bit(changed[4])
+    baseline = record(1, {"a": passes("a", comp(IDS, lps))})
+    current = record(2, {"a": passes("a", comp(IDS, changed))})
+    v = by_key(judge(current, baseline))["a"]
+    assert v.verdict == "silent_regression"
+    assert (v.divergence.kind, v.divergence.position) == ("logprob", 4)
+
+
+def test_length_difference_against_baseline():
+    baseline = record(1, {"a": passes("a", comp(IDS))})
+    current = record(2, {"a": passes("a", comp(IDS[:4]))})
+    v = by_key(judge(current, baseline))["a"]
+    assert (v.verdict, v.divergence.kind, v.divergence.position) == ("silent_regression", "length", 4)
+
+
+def test_changed_model_explains_the_change():
+    baseline = record(1, {"a": passes("a", comp(IDS)), "b": passes("b", comp(IDS))})
+    current = record(2, {"a": passes("a", comp(IDS)), "b": passes("b", comp([0] + IDS[1:]))},
+                     fp=fingerprint(model={"files": {"model.safetensors": "new"}}))
+    report = judge(current, baseline)
+    v = by_key(report)
+    assert report.changed_components == ["model"]
+    assert v["a"].verdict == "stable"  # equal outputs stay stable even when the model changed
+    assert v["b"].verdict == "explained_change" and v["b"].components == ["model"]
+    assert report.exit_code == ExitCode.PASS
+    assert Report(**{**report.__dict__, "strict": True}).exit_code == ExitCode.REGRESSION
+
+
+def test_changed_suite_hash_explains_only_that_request():
+    baseline = record(1, {"a": passes("a", comp(IDS)), "b": passes("b", comp(IDS))})
+    # The whole `suite` component differs (b's text changed), but only b's own request hash changed.
+    current = record(2, {"a": passes("a", comp([1] + IDS[1:])), "b": passes("b", comp([2] + IDS[1:]))},
+                     fp=fingerprint(suite={"requests": {"a": "h-a", "b": "h-b2"}}),
+                     request_hashes={"b": "h-b2"})
+    report = judge(current, baseline)
+    v = by_key(report)
+    assert report.changed_components == []  # `suite` is judged per request, never stack-wide
+    assert v["a"].verdict == "silent_regression" and v["a"].components == []
+    assert v["b"].verdict == "explained_change" and v["b"].components == ["suite"]
+    assert report.exit_code == ExitCode.REGRESSION
+
+
+def test_stack_change_and_own_suite_change_are_both_listed():
+    baseline = record(1, {"a": passes("a", comp(IDS))})
+    current = record(2, {"a": passes("a", comp(IDS[::-1]))}, fp=fingerprint(engine={"dtype": "bf16"}),
+                     request_hashes={"a": "changed"})
+    v = by_key(judge(current, baseline))["a"]
+    assert v.verdict == "explained_change" and v.components == ["engine", "suite"]
+
+
+def test_new_and_missing_requests():
+    baseline = record(1, {"a": passes("a", comp(IDS)), "gone": passes("gone", comp(IDS))})
+    current = record(2, {"a": passes("a", comp(IDS)), "added": passes("added", comp(IDS))})
+    report = judge(current, baseline)
+    v = by_key(report)
+    assert v["added"].verdict == "new" and v["added"].components == ["suite"]
+    assert v["gone"].verdict == "missing" and v["gone"].components == ["suite"]
+    assert v["gone"].location == "prompts.jsonl:2"  # from the baseline's request
+    assert report.counts == {"stable": 1, "batch_variance": 0, "silent_regression": 0, "explained_change": 0,
+                             "new": 1, "missing": 1}
+    assert report.exit_code == ExitCode.PASS
+    strict = judge(current, baseline, strict=True)
+    assert strict.exit_code == ExitCode.REGRESSION
+    assert {x.key for x in strict.failing} == {"added", "gone"}
+
+
+@pytest.mark.parametrize("verdict, normal, strict", [
+    ("stable", 0, 0),
+    ("batch_variance", 1, 1),
+    ("silent_regression", 1, 1),
+    ("explained_change", 0, 1),
+    ("new", 0, 1),
+    ("missing", 0, 1),
+])
+def test_exit_codes_per_verdict(verdict, normal, strict):
+    def report(is_strict):
+        return Report(kind="check", suite_name="s", run_id=2, baseline_run_id=1,
+                      verdicts=[RequestVerdict("a", "stable"), RequestVerdict("b", verdict)],
+                      changed_components=[], batch_invariance={}, strict=is_strict)
+
+    assert int(report(False).exit_code) == normal
+    assert int(report(True).exit_code) == strict
+    assert report(True).status == ("regression" if strict else "pass")
+
+
+def test_report_to_dict_schema():
+    baseline = record(1, {"a": passes("a", comp(IDS)), "b": passes("b", comp(IDS))})
+    fp = fingerprint(engine={"batch_invariance": {"requested": True, "in_force": False, "reason": "cpu"}})
+    current = record(7, {"a": passes("a", comp(IDS)), "b": passes("b", comp([0] + IDS[1:]))}, fp=fp,
+                     suite_name="mysuite")
+    d = judge(current, baseline, strict=True).to_dict()
+    assert d["schema"] == REPORT_SCHEMA == "evalgate.report/1"
+    assert (d["kind"], d["suite"], d["run_id"], d["baseline_run_id"]) == ("check", "mysuite", 7, 1)
+    assert (d["status"], d["exit_code"], d["strict"], d["promoted"]) == ("regression", 1, True, False)
+    assert list(d["counts"]) == list(VERDICTS)
+    assert d["changed_components"] == ["engine"]
+    assert d["batch_invariance"] == {"requested": True, "in_force": False, "reason": "cpu"}
+    assert [r["key"] for r in d["requests"]] == ["b"]  # stable requests are left out
+    assert set(d["requests"][0]) == {"key", "verdict", "location", "divergence", "passes", "components", "factor",
+                                     "bits_only", "max_delta", "flip"}
+    assert d["requests"][0]["divergence"]["position"] == 0
+    json.dumps(d, allow_nan=False)
+
+
+# --- properties ------------------------------------------------------------------------------------------
+
+finite_lp = st.floats(min_value=-30.0, max_value=0.0, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def runs(draw):
+    """Baseline outputs for a few requests, and a check run where some requests have one change."""
+    n = draw(st.integers(1, 6))
+    base: dict[str, tuple[list[int], list[float]]] = {}
+    for i in range(n):
+        length = draw(st.integers(1, 12))
+        ids = draw(st.lists(st.integers(0, 50_000), min_size=length, max_size=length))
+        lps = draw(st.lists(finite_lp, min_size=length, max_size=length))
+        base[f"req-{i}"] = (ids, lps)
+    changes = {}  # key -> (position, "token" | "logprob")
+    for key, (ids, _) in base.items():
+        if draw(st.booleans()):
+            changes[key] = (draw(st.integers(0, len(ids) - 1)), draw(st.sampled_from(["token", "logprob"])))
+    seed = draw(st.integers(0, 2**32 - 1))
+    return base, changes, seed
+
+
+def mutate(ids, lps, position, kind):
+    ids, lps = list(ids), list(lps)
+    if kind == "token":
+        ids[position] = ids[position] + 1
+    else:
+        lps[position] = flip_last_bit(lps[position])
+    return ids, lps
+
+
+def build(base, changes, order, run_id, changed_pass=None):
+    outputs = {}
+    for key in order:
+        ids, lps = base[key]
+        if key in changes and changed_pass is None:
+            ids, lps = mutate(ids, lps, *changes[key])
+        cs = [comp(ids, lps), comp(ids, lps)]
+        if key in changes and changed_pass is not None:
+            cs[changed_pass] = comp(*mutate(ids, lps, *changes[key]))
+        outputs[key] = passes(key, *cs)
+    return record(run_id, outputs)
+
+
+def summary(report):
+    return {v.key: (v.verdict, v.divergence.to_dict() if v.divergence else None, v.passes, v.components)
+            for v in report.verdicts}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(runs())
+def test_property_order_independent_and_exact_position(data):
+    base, changes, seed = data
+    keys = list(base)
+    shuffled = list(keys)
+    random.Random(seed).shuffle(shuffled)
+
+    baseline = build(base, {}, keys, 1)
+    current = build(base, changes, keys, 2)
+    report = judge(current, baseline)
+    # The same requests arriving in another order (in both runs) get the same verdicts.
+    reordered = judge(build(base, changes, shuffled, 2), build(base, {}, shuffled[::-1], 1))
+    assert summary(report) == summary(reordered)
+    assert report.counts == reordered.counts and report.exit_code == reordered.exit_code
+
+    for key in keys:
+        v = summary(report)[key]
+        if key not in changes:
+            assert v[0] == "stable"
+            continue
+        position, kind = changes[key]
+        assert v[0] == "silent_regression"
+        assert (v[1]["position"], v[1]["kind"]) == (position, kind)
+    assert report.exit_code == (ExitCode.REGRESSION if changes else ExitCode.PASS)
+
+    # The same single change between two passes of one run is batch variance at the same position.
+    variance = judge(build(base, changes, shuffled, 3, changed_pass=1), None)
+    for key, (position, kind) in changes.items():
+        v = by_key(variance)[key]
+        assert v.verdict == "batch_variance"
+        assert (v.divergence.position, v.divergence.kind) == (position, kind)
+        assert v.passes["other_pass"] == 1
+
+
+# --- conditions: each pass differs from its reference in one factor -------------------------------------
+
+PLAN = {"passes": [p.to_dict() for p in plan_passes(Schedule(concurrency=(1, 8), shuffles=1))]}
+# pass 0: c=1 cold (reference) · 1: c=1 hot (prefix_cache) · 2: c=8 cold (batch_size) · 3: c=8 shuffled (order)
+
+
+def planned(key: str, *completions: Completion) -> list[Completion]:
+    for p, c in zip(PLAN["passes"], completions):
+        c.key, c.pass_index, c.concurrency = key, p["index"], p["concurrency"]
+    return list(completions)
+
+
+OTHER = [11, 12, 99, 14, 15]
+
+
+def test_a_difference_is_attributed_to_the_one_factor_its_pass_changed():
+    current = record(2, {
+        "same": planned("same", comp(IDS), comp(IDS), comp(IDS), comp(IDS)),
+        "cache": planned("cache", comp(IDS), comp(OTHER), comp(IDS), comp(IDS)),
+        "batch": planned("batch", comp(IDS), comp(IDS), comp(OTHER), comp(OTHER)),  # the shuffle agrees with c=8
+        "order": planned("order", comp(IDS), comp(IDS), comp(IDS), comp(OTHER)),
+    }, schedule=PLAN)
+    report = judge(current, None, kind="baseline")
+    v = by_key(report)
+    assert v["same"].verdict == "stable"
+    assert (v["cache"].verdict, v["cache"].factor) == ("batch_variance", "prefix_cache")
+    assert (v["batch"].factor, v["batch"].passes["factors"]) == ("batch_size", ["batch_size"])
+    assert (v["order"].factor, v["order"].passes["other_pass"], v["order"].passes["reference_pass"]) == ("order", 3, 2)
+    summary = {f["comparison"]: f["differing"] for f in report.factors}
+    assert summary == {"prefix cache cold→hot": 1, "batch size 1→8": 1, "order (seed 0) at batch size 8": 1}
+    assert report.to_dict()["requests"][0]["factor"] == "prefix_cache"
+    assert report.cache_hits == [{"pass": 1, "hit": 0, "missed": 0, "unknown": 4}]  # comp() records no cache count
+
+
+def test_a_request_varying_under_two_factors_names_both():
+    current = record(2, {"k": planned("k", comp(IDS), comp(OTHER), comp([0] + IDS[1:]), comp([0] + IDS[1:]))},
+                     schedule=PLAN)
+    v = by_key(judge(current, None))["k"]
+    assert v.factor == "prefix_cache" and v.passes["factors"] == ["prefix_cache", "batch_size"]
+    assert v.passes["differing_passes"] == 2
+
+
+def test_a_comparison_with_no_request_in_both_passes_is_never_invariant():
+    from evalgate.reports.explain import factor_lines
+
+    # pass 2 (batch size) ran nothing: its comparison is not evidence of invariance
+    current = record(2, {"k": planned("k", comp(IDS), comp(IDS))}, schedule={"passes": PLAN["passes"][:3]})
+    report = judge(current, None)
+    assert [(f["pass"], f["compared"], f["differing"]) for f in report.factors] == [(1, 1, 0), (2, 0, 0)]
+    lines = factor_lines(report.factors)
+    assert lines == ["invariant under: prefix cache cold→hot",
+                     "not exercised: batch size 1→8 (no request ran in both passes)"]
+
+
+def test_hot_pass_cache_hits_are_counted_from_the_engine():
+    outs = {}
+    for key, cached in (("hit", 128), ("miss", 0)):
+        cs = planned(key, comp(IDS), comp(IDS), comp(IDS), comp(IDS))
+        cs[1].cached_tokens = cached
+        outs[key] = cs
+    report = judge(record(2, outs, schedule=PLAN), None)
+    assert report.cache_hits == [{"pass": 1, "hit": 1, "missed": 1, "unknown": 0}]
+    from evalgate.reports.explain import factor_lines
+
+    assert any("1 of 2 requests were served from the prefix cache; 1 was not" in line
+               for line in factor_lines(report.factors, report.cache_hits))
+
+
+def test_baseline_comparison_is_per_condition():
+    """Like with like: the baseline's hot pass with this run's hot pass, cold with cold."""
+    baseline = record(1, {"k": planned("k", comp(IDS), comp(OTHER), comp(IDS), comp(IDS))}, schedule=PLAN)
+    # the check's hot pass equals the baseline's hot pass, its cold passes the baseline's cold ones
+    current = record(2, {"k": planned("k", comp(IDS), comp(OTHER), comp(IDS), comp(IDS))}, schedule=PLAN)
+    # judged alone, each run has prefix-cache variance; against each other, every condition agrees
+    assert by_key(judge(current, None))["k"].factor == "prefix_cache"
+    report = judge(current, baseline)
+    assert [(p["baseline_pass"], p["current_pass"]) for p in report.baseline_pairs] == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    # a check whose hot pass departs from the baseline's hot pass (and agrees with its own cold pass)
+    hot_only = {"passes": [p for p in PLAN["passes"] if p["index"] in (0, 1)]}
+    current = record(3, {"k": planned("k", comp(IDS), comp(IDS))}, schedule=hot_only)
+    v = by_key(judge(current, baseline))["k"]
+    assert v.verdict == "silent_regression"
+    assert v.passes == {"baseline_pass": 1, "pass": 1, "condition": "concurrency 1, given order, cache hot"}
+
+
+def test_a_check_with_no_condition_in_common_compares_first_passes_and_says_so():
+    baseline = record(1, {"k": planned("k", comp(IDS))}, schedule={"passes": PLAN["passes"][:1]})
+    other = {"passes": [dict(PLAN["passes"][2], index=0, reference=None, factor=None)]}  # c=8 only
+    current = record(2, {"k": passes("k", comp(IDS))}, schedule=other)
+    report = judge(current, baseline)
+    assert report.baseline_pairs == [{"baseline_pass": 0, "current_pass": 0, "same_condition": False,
+                                      "condition": "baseline concurrency 1, given order, cache cold vs "
+                                                   "concurrency 8, given order, cache cold"}]
+    assert by_key(report)["k"].verdict == "stable"
+
+
+def test_a_run_recorded_before_conditions_still_judges_unattributed():
+    old = {"passes": [{"index": 0, "concurrency": 1, "repeat": 0, "order_seed": None},
+                      {"index": 1, "concurrency": 4, "repeat": 0, "order_seed": None}]}
+    current = record(2, {"k": passes("k", comp(IDS), comp(OTHER))}, schedule=old)
+    v = by_key(judge(current, None))["k"]
+    assert (v.verdict, v.factor) == ("batch_variance", None)
+    # and a new check against that old baseline compares the old first pass (cold) with the new reference
+    baseline = record(1, {"k": passes("k", comp(IDS), comp(OTHER))}, schedule=old)
+    current = record(3, {"k": planned("k", comp(IDS), comp(IDS), comp(IDS), comp(IDS))}, schedule=PLAN)
+    report = judge(current, baseline)
+    assert [(p["baseline_pass"], p["current_pass"]) for p in report.baseline_pairs] == [(0, 0)]
+    assert by_key(report)["k"].verdict == "stable"
+
+
+def test_golden_json_fields_of_conditions():
+    """Pins the fields docs/json-report.md documents for conditions and factors."""
+    current = record(2, {"k": planned("k", comp(IDS), comp(OTHER), comp(IDS), comp(IDS))}, schedule=PLAN)
+    d = judge(current, None, kind="baseline").to_dict()
+    assert set(d) == {"schema", "kind", "suite", "run_id", "baseline_run_id", "status", "exit_code", "strict",
+                      "promoted", "counts", "changed_components", "batch_invariance", "requests", "metrics",
+                      "task_changes", "factors", "cache_hits", "baseline_pairs", "not_run", "alone_coverage",
+                      "gate", "differences"}
+    assert d["alone_coverage"] is None  # the full schedule; the rotating preset's: tests/test_rotation.py
+    assert d["factors"][0] == {"factor": "prefix_cache", "comparison": "prefix cache cold→hot", "reference_pass": 0,
+                               "pass": 1, "differing": 1, "compared": 1, "requests": 1, "keys": ["k"]}
+    assert [f["factor"] for f in d["factors"]] == ["prefix_cache", "batch_size", "order"]
+    assert d["requests"][0]["factor"] == "prefix_cache"
+    assert d["requests"][0]["passes"] == {"reference_pass": 0, "reference_concurrency": 1, "other_pass": 1,
+                                          "other_concurrency": 1, "differing_passes": 1, "total_passes": 4,
+                                          "factors": ["prefix_cache"]}
+    assert d["cache_hits"] == [{"pass": 1, "hit": 0, "missed": 0, "unknown": 1}]
+    assert d["baseline_pairs"] == [] and d["not_run"] == []
+    json.dumps(d, allow_nan=False)

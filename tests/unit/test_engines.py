@@ -1,0 +1,104 @@
+"""The engine registry, the shared Engine behaviour and the fake test engine, without a model runtime."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import pytest
+from helpers import write_suite
+
+from evalgate import registry
+from evalgate.configuration.prompts import Prompt
+from evalgate.configuration.suite import load_suite
+from evalgate.engines import BUILTIN_ENGINES, Engine, engine_class
+from evalgate.engines.fake import FakeEngine
+from evalgate.errors import ConfigError, EngineError, ExitCode, MissingDependency, NoBaselineError, error_for_exit_code
+
+
+def test_every_builtin_kind_is_an_engine_class_of_that_kind():
+    for kind in BUILTIN_ENGINES:
+        cls = engine_class(kind)
+        assert issubclass(cls, Engine) and cls.kind == kind
+    assert engine_class("no-such-kind") is None
+
+
+def test_a_plugin_kind_from_the_entry_point_group(monkeypatch, tmp_path):
+    """A third party registers `evalgate.engines` entry points; the suite file then names the kind."""
+    point = metadata.EntryPoint(name="plugged", value="evalgate.engines.fake:FakeEngine", group="evalgate.engines")
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [point] if group == "evalgate.engines" else [])
+    assert engine_class("plugged") is FakeEngine
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    suite = write_suite(tmp_path / "ws", model, ["hi"], kind="plugged")
+    assert load_suite(suite).engine_kind == "plugged"
+
+
+def test_an_unknown_kind_lists_the_known_ones(tmp_path):
+    suite = write_suite(tmp_path, tmp_path, ["hi"], kind="vlm")
+    with pytest.raises(ConfigError) as info:
+        load_suite(suite)
+    assert "`engine.kind` is 'vlm'" in str(info.value) and "fake" in info.value.fix and "vllm" in info.value.fix
+
+
+def test_errors_rebuilt_from_their_exit_code_keep_it():
+    for code, cls in ((2, ConfigError), (3, EngineError), (4, NoBaselineError)):
+        error = error_for_exit_code(code, "message", "fix it")
+        assert isinstance(error, cls) and error.exit_code == code and error.fix == "fix it"
+    original = MissingDependency("vllm")
+    rebuilt = error_for_exit_code(int(original.exit_code), original.message, original.fix)
+    assert rebuilt.exit_code == ExitCode.USAGE and "pip install" in str(rebuilt)
+
+
+@pytest.fixture
+def fake_suite(tmp_path, tiny_model):
+    def make(model=tiny_model, **kwargs):
+        return load_suite(write_suite(tmp_path / f"ws{len(list(tmp_path.iterdir()))}", model,
+                                      [f"prompt {i}" for i in range(4)], kind="fake", **kwargs))
+    return make
+
+
+def outputs(suite, crowded: bool):
+    engine = FakeEngine(suite)
+    if crowded:
+        return engine.generate(suite.prompts)
+    return [engine.generate([p])[0] for p in suite.prompts]
+
+
+def test_fake_outputs_are_a_pure_function_of_weights_and_prompt(fake_suite, tmp_path, tiny_model):
+    import shutil
+
+    suite = fake_suite()
+    first, again = outputs(suite, crowded=False), outputs(suite, crowded=True)
+    assert [(c.output_ids, c.logprobs) for c in first] == [(c.output_ids, c.logprobs) for c in again]
+    assert all(len(c.output_ids) == 16 and c.top_ids[i][0] == t for c in first for i, t in enumerate(c.output_ids))
+    assert all(c.top_logprobs[0] == sorted(c.top_logprobs[0], reverse=True) for c in first)
+    assert len({tuple(c.output_ids) for c in first}) == len(first)  # each prompt its own output
+    other = tmp_path / "other-weights"
+    shutil.copytree(tiny_model, other)
+    (other / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes()[::-1])
+    swapped = outputs(fake_suite(model=other), crowded=False)
+    assert all(a.output_ids != b.output_ids for a, b in zip(first, swapped))
+
+
+def test_fake_batch_effect_only_on_the_named_keys_and_only_crowded(fake_suite):
+    suite = fake_suite(extra_engine='fake_vary_with_batch = ["p001"]')
+    alone, crowded = outputs(suite, crowded=False), outputs(suite, crowded=True)
+    differ = [a.key for a, b in zip(alone, crowded) if a.output_ids != b.output_ids]
+    assert differ == ["p001"]
+    a, b = alone[1].output_ids, crowded[1].output_ids
+    assert a[:8] == b[:8] and a[8:] != b[8:]  # from the middle of the output on
+
+
+def test_fake_scores_the_continuation_tokens(fake_suite):
+    engine = FakeEngine(fake_suite())
+    prompt = Prompt(key="s", text="", max_tokens=None, line=0, request_type="loglikelihood",
+                    segments=(((1, 2, 3), (7, 8)),), continuation=" x")
+    (done,) = engine.generate([prompt])
+    assert done.output_ids == [7, 8] and done.finish_reason == "scored" and done.prompt_ids == [1, 2, 3, 7, 8]
+
+
+def test_fake_keys_are_checked(tmp_path, tiny_model):
+    suite = write_suite(tmp_path, tiny_model, ["hi"], kind="fake", extra_engine="fake_vary_with_batch = [1]")
+    with pytest.raises(ConfigError, match="fake_vary_with_batch"):
+        load_suite(suite)

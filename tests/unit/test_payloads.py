@@ -1,0 +1,265 @@
+"""Outputs in content-addressed payloads (records.encode_payload, migration 0009): exact round trips, one
+payload per distinct output, digest-first comparison that decodes nothing for equal runs, the same
+verdicts as in-memory records, and databases written before payloads still load."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import sqlalchemy as sa
+from alembic import command
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evalgate.configuration.schedule import Schedule, plan_passes
+from evalgate.configuration.suite import load_suite
+from evalgate.fingerprint import COMPONENTS, component, fingerprint_hash
+from evalgate.judgement.verdict import judge
+from evalgate.records import Completion, StoredCompletion, decode_payload, encode_payload, pack_floats, pack_ids
+from evalgate.store import Store
+from evalgate.store.db import _alembic_config
+
+
+def bits(values) -> list[bytes]:
+    return [struct.pack("<d", v) for v in values]
+
+
+def make(ids, lps, *, top_ids=None, top_lps=None, text=None, texts=None, key="k", pass_index=0) -> Completion:
+    top_ids = top_ids if top_ids is not None else [[t, t + 1] for t in ids]
+    top_lps = top_lps if top_lps is not None else [[lp, lp - 1.0] for lp in lps]
+    texts = texts if texts is not None else [f"<{t}>" for t in ids]
+    return Completion(key=key, prompt_ids=[1, 2], output_ids=list(ids), logprobs=list(lps), top_ids=top_ids,
+                      top_logprobs=top_lps, token_texts=texts, text="".join(texts) if text is None else text,
+                      finish_reason="length", pass_index=pass_index)
+
+
+def same(a: Completion, b: Completion) -> bool:
+    return (a.output_ids == b.output_ids and bits(a.logprobs) == bits(b.logprobs) and a.top_ids == b.top_ids
+            and [bits(r) for r in a.top_logprobs] == [bits(r) for r in b.top_logprobs]
+            and a.token_texts == b.token_texts and a.text == b.text)
+
+
+def round_trip(c: Completion) -> Completion:
+    _, blob = encode_payload(c)
+    ids, lps, top_ids, top_lps, texts, text = decode_payload(blob)
+    return make(ids, lps, top_ids=top_ids, top_lps=top_lps, texts=texts, text=text)
+
+
+# --- the encoding ----------------------------------------------------------------------------------------
+
+NAN_WITH_PAYLOAD = struct.unpack("<d", bytes.fromhex("010000000000f87f"))[0]
+ODD_FLOATS = [0.0, -0.0, -1e-7, float("-inf"), float("inf"), 5e-324, -5e-324, 1.7976931348623157e308,
+              -0.6931471805599453, float.fromhex("-0x1.fffffep-1"), NAN_WITH_PAYLOAD]
+
+
+def test_every_logprob_bit_survives_including_values_float32_cannot_hold():
+    c = make(range(len(ODD_FLOATS)), ODD_FLOATS)
+    assert same(round_trip(c), c)
+
+
+def test_float32_logprobs_and_small_ids_take_half_the_space():
+    f32 = [float.fromhex("-0x1.fffffep-1") * (i + 1) / 64 for i in range(64)]
+    f32 = [struct.unpack("<f", struct.pack("<f", v))[0] for v in f32]  # exactly float32, as vLLM's
+    top = [[v, f32[(i + 1) % 64]] for i, v in enumerate(f32)]
+    lean = make(range(100, 164), f32, top_lps=top, text="", texts=[])
+    wide = make(range(70_000, 70_064), [v + 1e-12 for v in f32], top_lps=top, text="", texts=[])
+    for c in (lean, wide):
+        assert same(round_trip(c), c)
+    # 2-byte ids and 4-byte floats vs 4 and 8
+    assert len(_body(lean)) < 0.55 * len(_body(wide))
+
+
+def _body(c: Completion) -> bytes:
+    return encode_payload(c)[1]
+
+
+def test_ragged_top_k_rows_large_and_negative_ids_and_odd_text():
+    c = make([3, 70_000, -5], [-1.0, -2.0, -3.0], top_ids=[[3, 9, 8], [70_000], []],
+             top_lps=[[-1.0, -2.5, -9.0], [-2.0], []], texts=["a\x00", "\ud800", "é"], text="a\x00\ud800é")
+    assert same(round_trip(c), c)
+    no_top = make([1, 2], [-1.0, -2.0], top_ids=[[], []], top_lps=[[], []])
+    assert same(round_trip(no_top), no_top)
+    uneven = make([1, 2, 3], [-1.0], top_ids=[], top_lps=[])  # lengths recorded separately
+    assert same(round_trip(uneven), uneven)
+    assert same(round_trip(make([], [])), make([], []))
+
+
+ids_strategy = st.integers(min_value=-(2**31), max_value=2**31 - 1) | st.integers(min_value=0, max_value=70_000)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(ids_strategy, st.floats(allow_nan=True, width=64),
+                          st.lists(st.tuples(ids_strategy, st.floats(width=64)), max_size=4)), max_size=12),
+       st.text(max_size=8))
+def test_any_completion_round_trips_exactly(rows, text):
+    c = make([r[0] for r in rows], [r[1] for r in rows], top_ids=[[t for t, _ in r[2]] for r in rows],
+             top_lps=[[v for _, v in r[2]] for r in rows], texts=[text] * len(rows), text=text)
+    assert same(round_trip(c), c)
+
+
+def test_the_payload_hash_names_the_content():
+    a = make([1, 2], [-0.5, -1.5])
+    assert encode_payload(a)[0] == encode_payload(make([1, 2], [-0.5, -1.5]))[0]
+    flipped = struct.unpack("<d", struct.pack("<Q", struct.unpack("<Q", struct.pack("<d", -1.5))[0] ^ 1))[0]
+    changed = [make([1, 3], [-0.5, -1.5]), make([1, 2], [-0.5, flipped]), make([1, 2], [-0.5, -1.5], text="x"),
+               make([1, 2], [-0.5, -1.5], top_ids=[[1, 7], [2, 3]])]
+    hashes = {encode_payload(c)[0] for c in changed} | {encode_payload(a)[0]}
+    assert len(hashes) == 5
+
+
+# --- the store -------------------------------------------------------------------------------------------
+
+
+def fingerprint() -> dict:
+    return {name: component({"hardware": "cpu"} if name == "hardware" else {"n": name}) for name in COMPONENTS}
+
+
+def write_suite(tmp_path, keys):
+    (tmp_path / "model").mkdir(exist_ok=True)
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"id": k, "prompt": f"p {k}"}) + "\n" for k in keys))
+    (tmp_path / "evalgate.toml").write_text('[suite]\nname = "unit"\n[engine]\nmodel = "model"\n'
+                                            '[sampling]\nmax_tokens = 4\n[prompts]\nfile = "prompts.jsonl"\n')
+    return load_suite(tmp_path / "evalgate.toml")
+
+
+PLAN = plan_passes(Schedule(concurrency=(1, 8), shuffles=0))  # pass 0 cold, 1 hot, 2 batch 8
+
+
+def schedule_record() -> dict:
+    return {"passes": [p.to_dict() for p in PLAN]}
+
+
+def outputs_of(variant: dict[str, list[Completion]]) -> list[list[Completion]]:
+    """Per pass, the completions of every key, stamped with key, pass and concurrency."""
+    per_pass = []
+    for p in PLAN:
+        per_pass.append([])
+        for key, passes in variant.items():
+            c = passes[p.index]
+            c.key, c.pass_index, c.concurrency = key, p.index, p.concurrency
+            per_pass[-1].append(c)
+    return per_pass
+
+
+def store_run(store, suite, variant, kind="check") -> int:
+    run_id = store.create_run(suite, kind, schedule_record(), fingerprint(), {k: [1, 2] for k in variant})
+    for completions in outputs_of(variant):
+        store.add_outputs(run_id, completions)
+    return run_id
+
+
+def steady(seed: int) -> list[Completion]:
+    return [make([seed, seed + 1, seed + 2], [-0.25, -0.5, -0.75]) for _ in PLAN]
+
+
+def test_equal_outputs_are_stored_once_and_compared_without_decoding(tmp_path):
+    keys = [f"r{i}" for i in range(20)]
+    suite = write_suite(tmp_path, keys)
+    store = Store(f"sqlite:///{tmp_path / 'e.sqlite'}")
+    baseline = store_run(store, suite, {k: steady(i) for i, k in enumerate(keys)}, "baseline")
+    check = store_run(store, suite, {k: steady(i) for i, k in enumerate(keys)})
+    with store.database.connect() as conn:
+        assert conn.execute(sa.text("select count(*) from outputs")).scalar() == 2 * 3 * 20
+        assert conn.execute(sa.text("select count(*) from payloads")).scalar() == 20  # 120 outputs, 20 distinct
+    current, base = store.load(check), store.load(baseline)
+    report = judge(current, base)
+    assert report.counts["stable"] == 20 and not report.failing
+    loaded = [c for record in (current, base) for outs in record.outputs.values() for c in outs]
+    assert len(loaded) == 120 and all(isinstance(c, StoredCompletion) for c in loaded)
+    assert not any("_decoded" in vars(c) for c in loaded)  # digests decided every comparison
+
+
+def differing_variants():
+    """A baseline and a check with every kind of difference, within a run and against the baseline."""
+    flip = struct.unpack("<d", struct.pack("<Q", struct.unpack("<Q", struct.pack("<d", -0.5))[0] ^ 1))[0]
+    base = {"same": steady(1), "logprob": steady(2), "longer": steady(3), "token": steady(4), "varies": steady(5)}
+    check = {"same": steady(1), "logprob": steady(2), "longer": steady(3), "token": steady(4), "varies": steady(5)}
+    check["logprob"] = [make([2, 3, 4], [-0.25, flip, -0.75]) for _ in PLAN]  # same ids, one bit
+    check["longer"] = [make([3, 4, 5, 6], [-0.25, -0.5, -0.75, -1.0]) for _ in PLAN]
+    check["token"] = [make([4, 9, 6], [-0.25, -0.5, -0.75]) for _ in PLAN]
+    check["varies"][2] = make([5, 6, 8], [-0.25, -0.5, -0.75])  # batch 8 departs at position 2
+    return base, check
+
+
+def test_stored_runs_get_the_verdicts_and_divergences_of_in_memory_ones(tmp_path):
+    from types import SimpleNamespace
+
+    from evalgate.store import RunRecord
+
+    base, check = differing_variants()
+    suite = write_suite(tmp_path, list(base))
+    store = Store(f"sqlite:///{tmp_path / 'e.sqlite'}")
+    stored = judge(store.load(store_run(store, suite, check)), store.load(store_run(store, suite, base, "baseline")))
+
+    def in_memory(run_id, variant):
+        loaded = store.load(run_id)  # the same request rows and fingerprint, outputs straight from memory
+        outputs = {key: [c for per_pass in outputs_of(variant) for c in per_pass if c.key == key] for key in variant}
+        return RunRecord(run=SimpleNamespace(**{**loaded.run.__dict__, "id": run_id}), fingerprint=loaded.fingerprint,
+                         requests=loaded.requests, outputs=outputs)
+
+    base2, check2 = differing_variants()
+    memory = judge(in_memory(2, check2), in_memory(1, base2))
+    got = {v.key: v.to_dict() for v in stored.verdicts}
+    want = {v.key: v.to_dict() for v in memory.verdicts}
+    assert got == want
+    assert {k: v["verdict"] for k, v in got.items()} == {
+        "same": "stable", "logprob": "silent_regression", "longer": "silent_regression",
+        "token": "silent_regression", "varies": "batch_variance"}
+    assert got["logprob"]["divergence"]["kind"] == "logprob" and got["logprob"]["divergence"]["position"] == 1
+    assert got["longer"]["divergence"]["kind"] == "length" and got["longer"]["divergence"]["position"] == 3
+    assert got["varies"]["divergence"]["position"] == 2 and got["varies"]["factor"] == "batch_size"
+
+
+# --- databases written before payloads (schema 0008) -----------------------------------------------------
+
+
+def test_a_database_written_before_payloads_upgrades_and_compares_with_new_runs(tmp_path, db_url):
+    """On both backends: a database at 0008, written with the old columns, is migrated on open."""
+    base, _ = differing_variants()
+    suite = write_suite(tmp_path, list(base))
+    engine = sa.create_engine(db_url)
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "0008")
+        fp = fingerprint()
+        conn.execute(sa.text("insert into fingerprints (hash, components, created_at) values "
+                             "(:h, :c, '2026-01-01 00:00:00')"), {"h": fingerprint_hash(fp), "c": json.dumps(fp)})
+        conn.execute(sa.text("insert into runs (suite_name, suite_path, kind, status, schedule, started_at, "
+                             "fingerprint_hash, hardware_class) values ('unit', :path, 'baseline', 'complete', "
+                             ":schedule, '2026-01-01 00:00:00', :fp, 'cpu')"),
+                     {"path": str(suite.path), "schedule": json.dumps(schedule_record()), "fp": fingerprint_hash(fp)})
+        run_id = conn.execute(sa.text("select max(id) from runs")).scalar()
+        for key in base:
+            conn.execute(sa.text("insert into requests (run_id, key, request_hash, prompt, prompt_ids, sampling, "
+                                 "location, request_type) values (:run, :key, :h, 'p', :ids, '{}', null, 'generate')"),
+                         {"run": run_id, "key": key, "h": suite.request_hash(next(p for p in suite.prompts if p.key == key)),
+                          "ids": pack_ids([1, 2])})
+        for completions in outputs_of(base):  # the 0001 encoding: int32 ids, float64 logprobs, padded top-k
+            for c in completions:
+                k, top_ids, top_lps = c.pack_top()
+                conn.execute(sa.text(
+                    "insert into outputs (run_id, request_key, pass_index, concurrency, wave, position, output_ids,"
+                    " logprobs, top_k, top_ids, top_logprobs, token_texts, text, finish_reason, digest) values "
+                    "(:run, :key, :p, :c, 0, 0, :ids, :lps, :k, :tids, :tlps, :texts, :text, 'length', :digest)"),
+                    {"run": run_id, "key": c.key, "p": c.pass_index, "c": c.concurrency, "ids": pack_ids(c.output_ids),
+                     "lps": pack_floats(c.logprobs), "k": k, "tids": top_ids, "tlps": top_lps,
+                     "texts": json.dumps(c.token_texts), "text": c.text, "digest": c.digest})
+    engine.dispose()
+
+    store = Store(db_url)  # migrates to head
+    old = store.load(run_id)
+    for key, completions in zip(base, zip(*outputs_of(base))):
+        assert [c.pass_index for c in old.outputs[key]] == [0, 1, 2]
+        for got, want in zip(old.outputs[key], completions):
+            assert same(got, want) and got.digest == want.digest and got.prompt_ids == [1, 2]
+    base2, check = differing_variants()
+    report = judge(store.load(store_run(store, suite, base2)), old)  # a new run against the migrated one
+    assert report.counts["stable"] == len(base) and not report.failing
+    report = judge(store.load(store_run(store, suite, check)), old)
+    assert {v.key: v.verdict for v in report.verdicts if v.verdict != "stable"} == {
+        "logprob": "silent_regression", "longer": "silent_regression", "token": "silent_regression",
+        "varies": "batch_variance"}
+    with store.database.connect() as conn:
+        # the equal run's outputs point at the payloads the migration wrote: 5 distinct, +4 from the check
+        assert conn.execute(sa.text("select count(*) from payloads")).scalar() == 5 + 4

@@ -1,0 +1,114 @@
+"""The project's GitHub Actions workflows validate against the published workflow schema (offline copy
+shipped with check-jsonschema), so a broken CI file fails here rather than on GitHub; so does the composite
+action (action.yml), which must also pass its inputs to the shell through `env:` only."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+
+
+def _check_jsonschema() -> str:
+    return shutil.which("check-jsonschema") or str(Path(sys.executable).parent / "check-jsonschema")
+
+
+def test_the_project_workflow_runs_ci_on_every_push_and_pull_request():
+    """The project's own workflow exists, triggers on pushes to main and on pull requests, and its job runs
+    `.ci/run` (the script that runs the README's test command), with a timeout."""
+    from ruamel.yaml import YAML
+
+    ci = YAML(typ="safe").load((ROOT / ".github" / "workflows" / "ci.yml").read_text(encoding="utf-8"))
+    triggers = ci.get("on") or ci.get(True)  # YAML 1.1 reads a bare `on` as true
+    assert "main" in triggers["push"]["branches"] and "pull_request" in triggers
+    (job,) = ci["jobs"].values()
+    assert job.get("timeout-minutes")
+    assert [step["run"] for step in job["steps"] if "run" in step] == ["bash .ci/run"]
+
+
+@pytest.mark.parametrize("workflow", WORKFLOWS, ids=lambda p: p.name)
+def test_workflow_is_valid(workflow):
+    proc = subprocess.run([_check_jsonschema(), "--builtin-schema", "vendor.github-workflows", str(workflow)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test " in readme and re.search(r"^make test$", ci, re.M)
+    assert ci.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in ci  # fails loudly
+
+
+# --- the composite action (action.yml at the repository root) ------------------------------------------------
+
+ACTION = ROOT / "action.yml"
+
+
+def _load_action() -> dict:
+    from ruamel.yaml import YAML  # check-jsonschema's YAML parser: already a dev dependency
+
+    return YAML(typ="safe").load(ACTION.read_text(encoding="utf-8"))
+
+
+def _action_run_blocks() -> list[tuple[str, str]]:
+    action = _load_action()
+    assert action["runs"]["using"] == "composite"
+    return [(step.get("name") or step.get("id") or f"step {i}", step["run"])
+            for i, step in enumerate(action["runs"]["steps"]) if "run" in step]
+
+
+def test_action_is_valid():
+    proc = subprocess.run([_check_jsonschema(), "--builtin-schema", "vendor.github-actions", str(ACTION)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_action_passes_inputs_through_env_only():
+    """`${{ inputs.x }}` inside `run:` is pasted into the script before bash parses it: script injection.
+    Inputs must reach the shell as environment variables."""
+    blocks = _action_run_blocks()
+    assert blocks, "no run: steps in action.yml"
+    for name, script in blocks:
+        assert not re.search(r"\$\{\{\s*inputs\.", script), f"{name}: ${{{{ inputs.* }}}} inside run:"
+        assert "${{" not in script, f"{name}: an expression inside run: (pass it through env:)"
+
+
+def test_action_run_blocks_are_valid_bash():
+    for name, script in _action_run_blocks():
+        proc = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+        assert proc.returncode == 0, f"{name}: {proc.stderr}"
+
+
+def test_action_fails_last_with_the_check_exit_code():
+    steps = _load_action()["runs"]["steps"]
+    check = next(s for s in steps if s.get("id") == "check")
+    assert "set +e" in check["run"] and "exit 0" in check["run"]
+    last = steps[-1]
+    assert last.get("if") == "always()" and 'exit "$code"' in last["run"]
+    assert "steps.check.outputs.exit-code" in last["env"]["EVALGATE_CODE"]
+    for step in steps[steps.index(check) + 1:]:
+        assert "always()" in step.get("if", ""), f"{step.get('name')}: must run even when the check failed"
+
+
+@pytest.mark.parametrize("package, expected", [("", "{action}[gpu]"), ("dist/evalgate_vllm-0.1.0.whl", "dist/evalgate_vllm-0.1.0.whl")])
+def test_action_installs_its_own_checkout_unless_a_package_is_named(tmp_path, package, expected):
+    """No evalgate package is published on the index: by default the action pip-installs the checkout it
+    runs from ($GITHUB_ACTION_PATH) with the chosen extra. Run for real with a stand-in `python`."""
+    script = dict(_action_run_blocks())["Install evalgate"]
+    stub = tmp_path / "bin" / "python"
+    stub.parent.mkdir()
+    stub.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path / "argv"}\n')
+    stub.chmod(0o755)
+    env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "GITHUB_ACTION_PATH": str(ROOT), "EVALGATE_PACKAGE": package,
+           "EVALGATE_EXTRA": "gpu", "EVALGATE_PIP_ARGS": ""}
+    subprocess.run(["bash", "-c", script], env=env, check=True)
+    argv = (tmp_path / "argv").read_text().split("\n")
+    assert argv[:3] == ["-m", "pip", "install"] and argv[-2] == expected.format(action=ROOT)
