@@ -1,3 +1,43 @@
-"""evalgate: a CI gate for LLM serving determinism (batch variance and silent regressions)."""
+"""evalgate: a CI gate for LLM serving determinism (batch variance and silent regressions).
+
+The library's front door; the `evalgate` command wraps the same functions:
+
+    import evalgate
+
+    suite = evalgate.load_suite("evalgate.toml")
+    report = evalgate.create_baseline(suite)         # or evalgate.check(suite): a Report
+    print(report.status, report.counts)              # "pass", {"stable": 12, "batch_variance": 0, ...}
+    store = evalgate.open_store(suite.database)
+    diff = evalgate.compare_runs(store, 3, 7)         # judge run 7 against run 3
+
+Names are imported when first used, so `import evalgate` (and `evalgate --help`) stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
+
+_FRONT_DOOR = {
+    "load_suite": "evalgate.configuration.suite",
+    "Suite": "evalgate.configuration.suite",
+    "create_baseline": "evalgate.gate",
+    "check": "evalgate.gate",
+    "merge": "evalgate.gate",
+    "accept": "evalgate.gate",
+    "compare_runs": "evalgate.gate",
+    "open_store": "evalgate.store",
+    "Store": "evalgate.store",
+    "Report": "evalgate.judgement.verdict",
+    "judge": "evalgate.judgement.verdict",
+}
+__all__ = sorted(_FRONT_DOOR)
+
+
+def __getattr__(name: str):
+    if name in _FRONT_DOOR:
+        value = getattr(importlib.import_module(_FRONT_DOOR[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'evalgate' has no attribute {name!r}")

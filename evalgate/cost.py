@@ -294,14 +294,6 @@ def check_schedule(schedule: Schedule) -> None:
                           fix="use at least two passes, e.g. --concurrency 1,16 (docs/cost.md)")
 
 
-def platform_name() -> str:
-    """The platform vLLM runs on here (imports vLLM's platform detection, a few seconds)."""
-    from .engines import vllm_offline
-
-    vllm_offline.import_vllm()
-    return vllm_offline.platform_name()
-
-
 # --- figures -----------------------------------------------------------------------------------------------
 
 
@@ -541,6 +533,8 @@ def run_cost(suite: Suite, candidates: list[Candidate], *, schedule: Schedule | 
     existing_store(url)
     listener = listener or Listener()
     if platform is None and any(c.batch_invariant for c in candidates):
+        from .engines.vllm_offline import platform_name
+
         platform = platform_name()
     report = CostReport(suite_name=suite.name, session=uuid.uuid4().hex, database=url, schedule=schedule,
                         platform=platform, results=[])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .configuration.schedule import ROTATING, Schedule, with_overrides
+from .configuration.schedule import ROTATING, Schedule, rotating_problem, with_overrides
 from .configuration.shard import Shard
 from .configuration.suite import Suite
 from .errors import ConfigError, EngineError, NoBaselineError
@@ -195,11 +195,8 @@ def compare_runs(store: Store, run_a: int, run_b: int) -> Report:
 
 def resolve_schedule(suite: Suite, concurrency=None, shuffles=None, repeats=None) -> Schedule:
     schedule = with_overrides(suite.schedule, concurrency, shuffles, repeats)
-    if schedule.preset == ROTATING:
-        if schedule.shuffles or schedule.repeats != 1:
-            raise ConfigError(f"--shuffles/--repeats do not go with `preset = \"rotating\"` in {suite.path}: it runs one "
-                              "crowded pass and a rotating sample alone", fix="leave them out, or use the full preset")
-        if len(set(schedule.concurrency)) < 2:
-            raise ConfigError(f"--concurrency needs two levels for the rotating preset of {suite.path} (alone, crowded)",
-                              fix="e.g. --concurrency 1,32")
+    problem = rotating_problem(schedule) if schedule.preset == ROTATING else None
+    if problem:
+        setting, why, fix = problem
+        raise ConfigError(f"--{setting} {why} (the rotating preset of {suite.path})", fix=fix)
     return schedule

@@ -17,3 +17,17 @@ def canonical_json(value: Any) -> bytes:
 
 def digest(value: Any) -> str:
     return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON-able copy of `value`: tuples as lists, keys as strings, functions (lm-eval's `!function`) by
+    qualified name, any other object by str(). What is stored or hashed must be one of these."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if callable(value):
+        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', repr(value))}"
+    return str(value)

@@ -257,3 +257,30 @@ def rank_top(entries, k: int) -> tuple[list[int], list[float]]:
     ranked = sorted(best.items(), key=lambda item: (-item[1], item[0]))[:k]
     return [t for t, _ in ranked], [lp for _, lp in ranked]
 
+
+
+class Positions:
+    """One output's positions, collected as an engine hands them over (vLLM's objects, a server's JSON):
+    each token id, its logprob and the top-k row, ranked canonically (`rank_top`). Every engine kind records
+    through it, so the record of a position never depends on the kind that produced it."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.top_ids: list[list[int]] = []
+        self.top_logprobs: list[list[float]] = []
+
+    def add(self, token_id: int, logprob: float, top) -> None:
+        """`top`: (token id, logprob) pairs of the position's top-k, in any order."""
+        self.ids.append(int(token_id))
+        self.logprobs.append(float(logprob))
+        row_ids, row_logprobs = rank_top(top, self.k)
+        self.top_ids.append(row_ids)
+        self.top_logprobs.append(row_logprobs)
+
+    def completion(self, key: str, prompt_ids: list[int], **fields) -> Completion:
+        """The Completion of these positions; `fields`: text, token_texts, finish_reason, cached_tokens."""
+        fields.setdefault("token_texts", [])
+        return Completion(key=key, prompt_ids=prompt_ids, output_ids=self.ids, logprobs=self.logprobs,
+                          top_ids=self.top_ids, top_logprobs=self.top_logprobs, **fields)

@@ -3,7 +3,7 @@
     python tests/raw_vllm.py plan.json result.json
 
 plan.json: {"model", "dtype", "engine": {vLLM engine args}, "sampling": {SamplingParams},
-"prompts": [{"key", "prompt"}], "conditions": [{"name", "concurrency", "salt", "order_seed"?}]}.
+"prompts": [{"key", "prompt" or "prompt_token_ids"}], "conditions": [{"name", "concurrency", "salt", "order_seed"?}]}.
 Conditions run in the plan's order in one engine. Every request of a condition carries the cache salt
 `salt/key`: a new salt is a cold prefix cache, a salt used before is a hot one. A condition is split into
 waves of `concurrency` requests submitted together; `order_seed` shuffles the prompts first with Python's
@@ -29,7 +29,9 @@ def main(plan_path: str, result_path: str) -> None:
         plan = json.load(f)
     llm = LLM(model=plan["model"], dtype=plan["dtype"], **plan["engine"])
     params = SamplingParams(**plan["sampling"])
-    prompts = {p["key"]: p["prompt"] for p in plan["prompts"]}
+    # text, or token ids as they are (a chat request's templated ids)
+    prompts = {p["key"]: {"prompt": p["prompt"]} if "prompt" in p else {"prompt_token_ids": p["prompt_token_ids"]}
+               for p in plan["prompts"]}
     results = {}
     for condition in plan["conditions"]:
         keys = list(prompts)
@@ -39,7 +41,7 @@ def main(plan_path: str, result_path: str) -> None:
         outputs = {}
         for start in range(0, len(keys), size):
             wave = keys[start:start + size]
-            inputs = [{"prompt": prompts[k], "cache_salt": f"{condition['salt']}/{k}"} for k in wave]
+            inputs = [{**prompts[k], "cache_salt": f"{condition['salt']}/{k}"} for k in wave]
             for key, out in zip(wave, llm.generate(inputs, [params] * len(wave), use_tqdm=False)):
                 sample = out.outputs[0]
                 logprobs = [step[token].logprob for token, step in zip(sample.token_ids, sample.logprobs)]

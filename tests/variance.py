@@ -129,12 +129,17 @@ def raw_conditions(candidate: Candidate, model: Path, work: Path, env: dict[str,
                            {"name": "hot", "concurrency": 1, "salt": "alone"},
                            {"name": "crowded", "concurrency": n, "salt": "crowded"},
                            {"name": "order", "concurrency": n, "salt": "order", "order_seed": SHUFFLE_SEED}]}
+    return run_plain_vllm(plan, work, env)
+
+
+def run_plain_vllm(plan: dict, work: Path, env: dict[str, str]) -> dict:
+    """tests/raw_vllm.py on `plan` in a process of its own: {condition: {key: {"ids", "logprob_bits", ...}}}."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
     proc = subprocess.run([sys.executable, str(RAW), str(work / "plan.json"), str(work / "result.json")],
                           env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
-        raise AssertionError(f"plain vLLM failed on {candidate.name}:\n{proc.stderr[-4000:]}")
+        raise AssertionError(f"plain vLLM failed on {plan['model']}:\n{proc.stderr[-4000:]}")
     return json.loads((work / "result.json").read_text(encoding="utf-8"))["conditions"]
 
 

@@ -150,7 +150,7 @@ def _tokens(c: Completion, limit: int = 12) -> str:
 
 def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro_dir: Path | None = None,
                  bounds: Bounds | None = None, on_trial: TrialCallback | None = None) -> BatchResult:
-    from ..execution.worker import call_in_worker
+    from ..execution.worker import call_in_worker, engine_log_path
 
     if on not in ("auto", "tokens", "bits"):
         raise ConfigError(f"--on {on!r}: expected tokens, bits or auto", fix="use --on tokens, --on bits or --on auto")
@@ -220,9 +220,11 @@ def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro
     common = dict(suite=suite, prompts=prompts, order=order, target=key, on=criterion, url=store.url,
                   session_id=bisection.session_id, suite_name=record.run.suite_name, subject=subject,
                   max_steps=bounds.max_steps, max_seconds=bounds.max_seconds)
+    # the trial engines' own output (vLLM's lines) goes to a log beside the suite, as a run's does
+    engine_log = engine_log_path(suite, "bisect-batch")
     with bisection.guard():
         search = call_in_worker(_search_job, dict(common, steps_done=0, elapsed=0.0, estimate=bisection.estimate),
-                                url=store.url, progress=forward, env=config.worker_env())
+                                url=store.url, progress=forward, env=config.worker_env(), engine_log=engine_log)
         bisection.steps, bisection.estimate = search["steps"], search["estimate"]
         result.alone, result.flipped = search["alone"], search["flipped"]
         result.concurrency, result.minimal = search["concurrency"], search["minimal"]
@@ -243,7 +245,8 @@ def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro
                                                           elapsed=time.monotonic() - started,
                                                           estimate=bisection.steps + 2, batch=batch,
                                                           alone=result.alone, flipped=result.flipped),
-                                        url=store.url, progress=forward, env=config.worker_env())
+                                        url=store.url, progress=forward, env=config.worker_env(),
+                                        engine_log=engine_log)
                 bisection.steps = verify["steps"]
                 result.reproduced = verify["reproduced"]
                 result.evidence += verify["evidence"]

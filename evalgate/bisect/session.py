@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
+from ..hashing import jsonable
 from ..store import Store
 from .ddmin import BudgetExhausted
 
@@ -54,14 +55,14 @@ class Bisection:
         seconds = time.monotonic() - t0
         self.steps += 1
         self.estimate = max(self.estimate, self.steps)
-        self.store.add_trial(self.session_id, label=label, config=_jsonable(config), outcome=result.outcome,
-                             run_id=result.run_id, detail=_jsonable(result.detail), seconds=seconds)
+        self.store.add_trial(self.session_id, label=label, config=jsonable(config), outcome=result.outcome,
+                             run_id=result.run_id, detail=jsonable(result.detail), seconds=seconds)
         if self.on_trial:
             self.on_trial(self.steps, self.estimate, label, result, seconds)
         return result
 
     def finish(self, status: str, result: dict | None = None, error: str | None = None) -> None:
-        self.store.finish_bisect(self.session_id, status, _jsonable(result) if result is not None else None, error)
+        self.store.finish_bisect(self.session_id, status, jsonable(result) if result is not None else None, error)
 
     def guard(self):
         """Context manager: an error or interrupt marks the session failed / interrupted before it propagates."""
@@ -84,9 +85,3 @@ class _Guard:
         except Exception:
             pass  # never hide the bisect's own error behind a bookkeeping one
         return False
-
-
-def _jsonable(value: Any) -> Any:
-    import json
-
-    return json.loads(json.dumps(value, default=str))

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import socket
 import time
+import typing
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
@@ -22,18 +26,43 @@ from ..reports.terminal import render_report
 from .common import VerboseOpt, console, err_console, handled, parse_levels, progress_bar
 
 SuiteArg = typer.Argument(None, help="Suite TOML file (default: ./evalgate.toml or \\[tool.evalgate] in ./pyproject.toml)")
-DbOpt = typer.Option(None, "--db", help="Database URL or SQLite path (overrides the suite's database)")
-ConcurrencyOpt = typer.Option(None, "--concurrency", help="Override the schedule's concurrency levels, e.g. 1,16")
-ShufflesOpt = typer.Option(None, "--shuffles", help="Override the number of shuffled-order passes")
-RepeatsOpt = typer.Option(None, "--repeats", help="Override the number of repeats")
-JsonOpt = typer.Option(None, "--json-report", help="Also write the report as JSON (docs/json-report.md)")
-ShardOpt = typer.Option(None, "--shard", help="Run only shard I of N (e.g. 2/4) of the requests; needs --group")
-GroupOpt = typer.Option(None, "--group", help="Label shared by the shard runs of one CI run (e.g. $GITHUB_RUN_ID)")
-MergeOpt = typer.Option(False, "--merge", help="Merge the complete shard runs of --group into one run and judge it")
-FailOnOpt = typer.Option(None, "--fail-on", help="Override [gate] fail_on: bits (any difference fails) or tokens "
-                                                 "(logprob-bit drift is reported, token flips fail)")
-JunitOpt = typer.Option(None, "--junit", help="Also write JUnit XML: a testcase per request, an <error> on exit 3 "
-                                              "(docs/ci.md)")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The options `baseline create` and `check` share, declared once (`run_options`)."""
+
+    db: Optional[str] = typer.Option(None, "--db", help="Database URL or SQLite path (overrides the suite's database)")
+    concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Override the schedule's concurrency levels, e.g. 1,16")
+    shuffles: Optional[int] = typer.Option(None, "--shuffles", help="Override the number of shuffled-order passes")
+    repeats: Optional[int] = typer.Option(None, "--repeats", help="Override the number of repeats")
+    json_report: Optional[Path] = typer.Option(None, "--json-report", help="Also write the report as JSON (docs/json-report.md)")
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML: a testcase per request, an <error> "
+                                                               "on exit 3 (docs/ci.md)")
+    shard: Optional[str] = typer.Option(None, "--shard", help="Run only shard I of N (e.g. 2/4) of the requests; needs --group")
+    group: Optional[str] = typer.Option(None, "--group", help="Label shared by the shard runs of one CI run (e.g. $GITHUB_RUN_ID)")
+    merge: bool = typer.Option(False, "--merge", help="Merge the complete shard runs of --group into one run and judge it")
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="Override \\[gate] fail_on: bits (any difference fails) or "
+                                                                  "tokens (logprob-bit drift is reported, token flips fail)")
+    verbose: bool = VerboseOpt
+
+
+def run_options(command):
+    """Give a command RunOptions' options: Typer reads the signature, so the shared options are added to it
+    as parameters, and gathered back into one `options` argument for the command."""
+    shared = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                annotation=typing.get_type_hints(RunOptions)[f.name]) for f in fields(RunOptions)]
+    signature = inspect.signature(command, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != "options"]
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        options = RunOptions(**{f.name: kwargs.pop(f.name) for f in fields(RunOptions)})
+        return command(*args, **kwargs, options=options)
+
+    wrapper.__signature__ = signature.replace(parameters=own + shared)
+    wrapper.__annotations__ = {p.name: p.annotation for p in own + shared}
+    return wrapper
 
 
 def _is_infra(exc: BaseException) -> bool:
@@ -62,8 +91,10 @@ def _infra_outputs(exc: BaseException, kind: str, suite_name: str, junit, starte
         err_console.print(f"[yellow]warning:[/] could not write the CI error report: {write_error}")
 
 
-def _run(kind: str, suite_file, db, concurrency, shuffles, repeats, json_report, junit=None, *,
-         shard=None, group=None, merge=False, verbose=False, fail_on=None, **kwargs):
+def _run(kind: str, suite_file, options: RunOptions, **kwargs):
+    db, concurrency, shuffles, repeats = options.db, options.concurrency, options.shuffles, options.repeats
+    json_report, junit, shard, group = options.json_report, options.junit, options.shard, options.group
+    merge, verbose, fail_on = options.merge, options.verbose, options.fail_on
     started, timestamp = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="seconds")
     suite = load_suite(find_suite(suite_file), database=db)
     if fail_on is not None:
@@ -103,24 +134,18 @@ def _run(kind: str, suite_file, db, concurrency, shuffles, repeats, json_report,
 
 
 @handled
-def create(suite_file: Optional[Path] = SuiteArg, db: Optional[str] = DbOpt, concurrency: Optional[str] = ConcurrencyOpt,
-           shuffles: Optional[int] = ShufflesOpt, repeats: Optional[int] = RepeatsOpt,
+@run_options
+def create(suite_file: Optional[Path] = SuiteArg,
            allow_variance: bool = typer.Option(False, "--allow-variance", help="Promote even if passes disagree"),
-           json_report: Optional[Path] = JsonOpt, junit: Optional[Path] = JunitOpt,
-           shard: Optional[str] = ShardOpt, group: Optional[str] = GroupOpt, merge: bool = MergeOpt,
-           fail_on: Optional[str] = FailOnOpt, verbose: bool = VerboseOpt):
+           *, options: RunOptions):
     """Run the suite at every concurrency/order/repeat and store it as the baseline for this hardware."""
-    _run("baseline", suite_file, db, concurrency, shuffles, repeats, json_report, junit, shard=shard, group=group,
-         merge=merge, verbose=verbose, fail_on=fail_on, allow_variance=allow_variance)
+    _run("baseline", suite_file, options, allow_variance=allow_variance)
 
 
 @handled
-def check(suite_file: Optional[Path] = SuiteArg, db: Optional[str] = DbOpt, concurrency: Optional[str] = ConcurrencyOpt,
-          shuffles: Optional[int] = ShufflesOpt, repeats: Optional[int] = RepeatsOpt,
+@run_options
+def check(suite_file: Optional[Path] = SuiteArg,
           strict: bool = typer.Option(False, "--strict", help="Explained changes, new and missing requests fail too"),
-          json_report: Optional[Path] = JsonOpt, junit: Optional[Path] = JunitOpt,
-          shard: Optional[str] = ShardOpt, group: Optional[str] = GroupOpt, merge: bool = MergeOpt,
-          fail_on: Optional[str] = FailOnOpt, verbose: bool = VerboseOpt):
+          *, options: RunOptions):
     """Run the suite again; exit 1 on batch variance or a silent regression against the baseline."""
-    _run("check", suite_file, db, concurrency, shuffles, repeats, json_report, junit, shard=shard, group=group,
-         merge=merge, verbose=verbose, fail_on=fail_on, strict=strict)
+    _run("check", suite_file, options, strict=strict)

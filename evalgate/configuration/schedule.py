@@ -145,6 +145,22 @@ def plan_rotating(schedule: Schedule, *, prefix_caching: bool | None = True) -> 
     return passes
 
 
+def rotating_problem(schedule: Schedule) -> tuple[str, str, str] | None:
+    """What the rotating preset cannot take in this schedule, as (setting, why, fix); None when it can run.
+    One rule for the suite file and the command-line overrides alike."""
+    extra = [name for name, off in (("shuffles", 0), ("repeats", 1)) if getattr(schedule, name) != off]
+    if schedule.probes:
+        extra.append("probes")
+    if extra:
+        return (extra[0], "does not go with `preset = \"rotating\"`, which runs one crowded pass and a rotating sample "
+                "alone", f"remove {', '.join(extra)}, or use preset = \"full\"")
+    if schedule.rotation < 1:
+        return "rotation", "must be >= 1", "e.g. rotation = 16: every request alone once in 16 runs"
+    if len(set(schedule.concurrency)) < 2:
+        return "concurrency", "needs two levels for the rotating preset (alone, crowded)", "e.g. concurrency = [1, 32]"
+    return None
+
+
 def passes_of(schedule_record: dict | None) -> list[Pass]:
     """The passes of a stored run. A run recorded before conditions (no `cache` field) is read as it ran:
     pass 0 cold, every later pass compared with pass 0, cache state unknown, factor unattributed."""

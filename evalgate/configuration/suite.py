@@ -20,7 +20,7 @@ from .config import check_keys, evalgate_tables, fail, is_dir, is_file, not_json
 from .load import parse_load
 from .policy import FAIL_ON, GatePolicy, parse_gate_table
 from .prompts import SCORING_TYPES, Prompt, load_prompts
-from .schedule import FULL, PRESETS, ROTATING, Schedule
+from .schedule import FULL, PRESETS, ROTATING, Schedule, rotating_problem
 
 DEFAULT_DATABASE = "sqlite:///baselines/evalgate.sqlite"
 # Keys of [engine] that evalgate itself reads for every kind (each kind adds its own).
@@ -250,18 +250,10 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     )
     if "rotation" in sched_t and preset != ROTATING:
         raise fail(where, f"`{sec}rotation` is a setting of the rotating preset", 'add `preset = "rotating"` or remove it')
-    if preset == ROTATING:
-        extra = [name for name, off in (("shuffles", 0), ("repeats", 1)) if getattr(schedule, name) != off]
-        if schedule.probes:
-            extra.append("probes")
-        if extra:
-            raise fail(where, f"`{sec}{extra[0]}` does not go with `preset = \"rotating\"`, which runs one crowded pass "
-                       "and a rotating sample alone", f"remove {', '.join(extra)}, or use preset = \"full\"")
-        if schedule.rotation < 1:
-            raise fail(where, f"`{sec}rotation` must be >= 1", "e.g. rotation = 16: every request alone once in 16 runs")
-        if len(set(schedule.concurrency)) < 2:
-            raise fail(where, f"`{sec}concurrency` needs two levels for the rotating preset (alone, crowded)",
-                       "e.g. concurrency = [1, 32]")
+    problem = rotating_problem(schedule) if preset == ROTATING else None
+    if problem:
+        setting, why, fix = problem
+        raise fail(where, f"`{sec}{setting}` {why}", fix)
     if schedule.needle_batch < 1 or schedule.needle_filler_tokens < 0:
         raise fail(where, f"`{sec}needle_batch` must be >= 1 and `{sec}needle_filler_tokens` >= 0 (0: automatic)",
                    "e.g. needle_batch = 16, needle_filler_tokens = 256")

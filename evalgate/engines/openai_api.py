@@ -30,7 +30,7 @@ from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..errors import ConfigError, EngineError
 from ..fingerprint import component
 from ..hashing import digest
-from ..records import Completion, rank_top
+from ..records import Completion, Positions
 from .base import COMMON_KEYS, Engine, EngineConfig, request_salt
 
 if TYPE_CHECKING:
@@ -602,23 +602,16 @@ def _token_id(label: str) -> int:
 def _completion(prompt: Prompt, response: dict, k: int) -> Completion:
     choice = response["choices"][0]
     ids = [int(t) for t in choice.get("token_ids") or []]
-    logprobs: list[float] = []
-    top_ids: list[list[int]] = []
-    top_lps: list[list[float]] = []
     block = choice.get("logprobs") or {}
+    positions = Positions(k)
     for token_id, lp, top in zip(ids, block.get("token_logprobs") or [], block.get("top_logprobs") or []):
-        logprobs.append(float(lp))
-        entries = [(_token_id(label), float(value)) for label, value in (top or {}).items()]
-        row_ids, row_lps = rank_top(entries, k)
-        top_ids.append(row_ids)
-        top_lps.append(row_lps)
-    if len(logprobs) != len(ids):
-        raise EngineError(f"request {prompt.key!r}: the server returned {len(ids)} tokens but {len(logprobs)} logprobs")
-    return Completion(
-        key=prompt.key, prompt_ids=[int(t) for t in choice.get("prompt_token_ids") or []], output_ids=ids,
-        logprobs=logprobs, top_ids=top_ids, top_logprobs=top_lps, token_texts=[], text=choice.get("text") or "",
-        finish_reason=str(choice.get("finish_reason")), cached_tokens=cached_tokens([response]),
-    )
+        positions.add(token_id, lp, ((_token_id(label), value) for label, value in (top or {}).items()))
+    if len(positions.ids) != len(ids):
+        raise EngineError(f"request {prompt.key!r}: the server returned {len(ids)} tokens but "
+                          f"{len(positions.ids)} logprobs")
+    return positions.completion(prompt.key, [int(t) for t in choice.get("prompt_token_ids") or []],
+                                text=choice.get("text") or "", finish_reason=str(choice.get("finish_reason")),
+                                cached_tokens=cached_tokens([response]))
 
 
 def _chat_completion(prompt: Prompt, response: dict, k: int) -> Completion:
@@ -629,21 +622,13 @@ def _chat_completion(prompt: Prompt, response: dict, k: int) -> Completion:
     content = (choice.get("logprobs") or {}).get("content") or []
     if len(content) != len(ids):
         raise EngineError(f"request {prompt.key!r}: the server returned {len(ids)} tokens but {len(content)} logprobs")
-    logprobs: list[float] = []
-    top_ids: list[list[int]] = []
-    top_lps: list[list[float]] = []
+    positions = Positions(k)
     for token_id, position in zip(ids, content):
-        logprobs.append(float(position["logprob"]))
-        entries = [(_token_id(e["token"]), float(e["logprob"])) for e in position.get("top_logprobs") or []]
-        row_ids, row_lps = rank_top(entries, k)
-        top_ids.append(row_ids)
-        top_lps.append(row_lps)
-    return Completion(
-        key=prompt.key, prompt_ids=[int(t) for t in response.get("prompt_token_ids") or []], output_ids=ids,
-        logprobs=logprobs, top_ids=top_ids, top_logprobs=top_lps, token_texts=[],
-        text=(choice.get("message") or {}).get("content") or "", finish_reason=str(choice.get("finish_reason")),
-        cached_tokens=cached_tokens([response]),
-    )
+        positions.add(token_id, position["logprob"],
+                      ((_token_id(e["token"]), e["logprob"]) for e in position.get("top_logprobs") or []))
+    return positions.completion(prompt.key, [int(t) for t in response.get("prompt_token_ids") or []],
+                                text=(choice.get("message") or {}).get("content") or "",
+                                finish_reason=str(choice.get("finish_reason")), cached_tokens=cached_tokens([response]))
 
 
 def cached_tokens(responses: list[dict]) -> int | None:
@@ -656,23 +641,13 @@ def cached_tokens(responses: list[dict]) -> int | None:
 def _scored(prompt: Prompt, windows: list[dict], k: int) -> Completion:
     """A scoring request's record from each window's prompt_logprobs: the continuation tokens' logprobs
     and the top-k (by vLLM's rank) at each position, as the in-process engine records them."""
-    ids: list[int] = []
-    logprobs: list[float] = []
-    top_ids: list[list[int]] = []
-    top_lps: list[list[float]] = []
+    positions = Positions(k)
     for (context, continuation), response in zip(prompt.segments, windows):
-        positions = response["choices"][0].get("prompt_logprobs") or []
+        prompt_logprobs = response["choices"][0].get("prompt_logprobs") or []
         for offset, token_id in enumerate(continuation):
-            position = {int(t): v for t, v in (positions[len(context) + offset] or {}).items()}
-            ids.append(token_id)
-            logprobs.append(float(position[token_id]["logprob"]))
-            row_ids, row_lps = rank_top(((int(t), v["logprob"]) for t, v in position.items()), k)
-            top_ids.append(row_ids)
-            top_lps.append(row_lps)
+            position = {int(t): v for t, v in (prompt_logprobs[len(context) + offset] or {}).items()}
+            positions.add(token_id, position[token_id]["logprob"], ((t, v["logprob"]) for t, v in position.items()))
     first = windows[0]["choices"][0] if windows else {}
-    return Completion(
-        key=prompt.key, prompt_ids=[int(t) for t in first.get("prompt_token_ids") or []], output_ids=ids,
-        logprobs=logprobs, top_ids=top_ids, top_logprobs=top_lps, token_texts=[],
-        text=prompt.continuation if prompt.continuation is not None else "", finish_reason="scored",
-        cached_tokens=cached_tokens(windows),
-    )
+    return positions.completion(prompt.key, [int(t) for t in first.get("prompt_token_ids") or []],
+                                text=prompt.continuation if prompt.continuation is not None else "",
+                                finish_reason="scored", cached_tokens=cached_tokens(windows))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..errors import ConfigError, EngineError, MissingDependency
 from ..fingerprint import env_snapshot
-from ..records import Completion, rank_top
+from ..records import Completion, Positions
 from .base import INVARIANCE_PLATFORMS, Engine, arrange_batch_invariance, request_salt
 
 if TYPE_CHECKING:
@@ -36,6 +36,8 @@ def import_vllm():
 
 
 def platform_name() -> str:
+    """The platform vLLM runs on here: cuda, rocm, xpu, cpu, tpu (imports vLLM: a few seconds)."""
+    import_vllm()
     from vllm.platforms import current_platform
 
     for name in ("cuda", "rocm", "xpu", "cpu", "tpu"):
@@ -238,62 +240,39 @@ def _invariance_active() -> bool:
     return os.environ.get("VLLM_BATCH_INVARIANT") == "1"
 
 
-def _ranked(position: dict, k: int) -> tuple[list[int], list[float]]:
-    return rank_top(((token_id, lp.logprob) for token_id, lp in position.items()), k)
+def _top(position: dict):
+    """A vLLM position's (token id, logprob) pairs."""
+    return ((token_id, lp.logprob) for token_id, lp in position.items())
 
 
 def _scored(prompt: Prompt, request_outputs: list, k: int, tokenizer) -> Completion:
     """A scoring request's record: its continuation tokens (every window's) with their prompt logprobs,
     the top-k at each position, and is-greedy derivable from top-1."""
-    ids: list[int] = []
-    logprobs: list[float] = []
-    top_ids: list[list[int]] = []
-    top_lps: list[list[float]] = []
+    positions = Positions(k)
     for (context, continuation), out in zip(prompt.segments, request_outputs):
-        positions = out.prompt_logprobs or []
+        logprobs = out.prompt_logprobs or []
         for offset, token_id in enumerate(continuation):
-            position = positions[len(context) + offset]
-            ids.append(token_id)
-            logprobs.append(float(position[token_id].logprob))
-            row_ids, row_lps = _ranked(position, k)
-            top_ids.append(row_ids)
-            top_lps.append(row_lps)
-    return Completion(
-        key=prompt.key,
-        prompt_ids=list(request_outputs[0].prompt_token_ids or []) if request_outputs else [],
-        output_ids=ids, logprobs=logprobs, top_ids=top_ids, top_logprobs=top_lps,
-        token_texts=[tokenizer.decode([t]) for t in ids],
-        text=prompt.continuation if prompt.continuation is not None else tokenizer.decode(ids),
+            position = logprobs[len(context) + offset]
+            positions.add(token_id, position[token_id].logprob, _top(position))
+    return positions.completion(
+        prompt.key, list(request_outputs[0].prompt_token_ids or []) if request_outputs else [],
+        token_texts=[tokenizer.decode([t]) for t in positions.ids],
+        text=prompt.continuation if prompt.continuation is not None else tokenizer.decode(positions.ids),
         finish_reason="scored", cached_tokens=_cached(request_outputs),
     )
 
 
 def _completion(prompt: Prompt, request_output, k: int) -> Completion:
     out = request_output.outputs[0]
-    ids = list(out.token_ids)
-    logprobs: list[float] = []
-    top_ids: list[list[int]] = []
-    top_lps: list[list[float]] = []
+    positions = Positions(k)
     texts: list[str] = []
-    for token_id, position in zip(ids, out.logprobs or []):
+    for token_id, position in zip(out.token_ids, out.logprobs or []):
         chosen = position[token_id]
-        logprobs.append(float(chosen.logprob))
+        positions.add(token_id, chosen.logprob, _top(position))
         texts.append(chosen.decoded_token or "")
-        row_ids, row_lps = _ranked(position, k)
-        top_ids.append(row_ids)
-        top_lps.append(row_lps)
-    return Completion(
-        key=prompt.key,
-        prompt_ids=list(request_output.prompt_token_ids or []),
-        output_ids=ids,
-        logprobs=logprobs,
-        top_ids=top_ids,
-        top_logprobs=top_lps,
-        token_texts=texts,
-        text=out.text,
-        finish_reason=str(out.finish_reason),
-        cached_tokens=_cached([request_output]),
-    )
+    return positions.completion(prompt.key, list(request_output.prompt_token_ids or []), token_texts=texts,
+                                text=out.text, finish_reason=str(out.finish_reason),
+                                cached_tokens=_cached([request_output]))
 
 
 def _cached(request_outputs: list) -> int | None:

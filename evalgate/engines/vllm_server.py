@@ -37,6 +37,7 @@ from ..execution.processes import set_parent_death_signal
 from ..fingerprint import env_snapshot
 from .base import EngineConfig, arrange_batch_invariance
 from .openai_api import VLLM_SERVER_OWN_KEYS, OpenAIEngine, api_key, parse_server_config
+from .vllm_offline import platform_name
 
 if TYPE_CHECKING:
     from ..configuration.suite import Suite
@@ -194,12 +195,6 @@ def _usage_error(log: str) -> str | None:
     return None
 
 
-def _platform() -> str:
-    from .vllm_offline import platform_name
-
-    return platform_name()
-
-
 class VllmServerEngine(OpenAIEngine):
     kind = "vllm-server"
     own_keys = VLLM_SERVER_OWN_KEYS
@@ -210,7 +205,7 @@ class VllmServerEngine(OpenAIEngine):
 
     def __init__(self, suite: Suite):
         self.suite = suite
-        self.platform = _platform()
+        self.platform = platform_name()
         args = dict(suite.engine_args)
         args.setdefault("seed", 0)
         if self.platform == "cpu" and "dtype" not in args:

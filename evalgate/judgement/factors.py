@@ -8,8 +8,10 @@ here; a probe that introduces a factor of its own carries its words and remedy (
 
 from __future__ import annotations
 
+from functools import cache
+
 from ..configuration.schedule import RENAMED_FACTORS, Pass
-from ..execution.probes import BUILTIN_PROBES, get_probe
+from ..execution.probes import get_probe, probe_names
 
 BATCH_REMEDY = "batch invariance (batch_invariant = true on CUDA/ROCm/XPU) or engine.max_num_seqs = 1"
 
@@ -24,23 +26,19 @@ SCHEDULE_FACTORS = {
 }
 
 
-def _probe_factor(factor: str) -> tuple[str, str, bool] | None:
-    for name in BUILTIN_PROBES:
+@cache
+def factor_table() -> dict[str, tuple[str, str, bool]]:
+    """factor -> (words, remedy, batch factor): the schedule's, then those the registered probes introduce."""
+    table = dict(SCHEDULE_FACTORS)
+    for name in probe_names():
         probe = get_probe(name)
-        if probe.factor == factor and probe.words:
-            return probe.words, probe.remedy or "", probe.batch_factor
-    return None
+        if probe is not None and probe.words:
+            table.setdefault(probe.factor, (probe.words, probe.remedy or "", probe.batch_factor))
+    return table
 
 
 def _about(factor: str | None) -> tuple[str, str, bool] | None:
-    factor = RENAMED_FACTORS.get(factor or "", factor or "")
-    return SCHEDULE_FACTORS.get(factor) or _probe_factor(factor)
-
-
-def factors() -> tuple[str, ...]:
-    """Every built-in factor: the schedule's, then those the probes introduce."""
-    own = [get_probe(name).factor for name in BUILTIN_PROBES]
-    return tuple(dict.fromkeys([*SCHEDULE_FACTORS, *own]))
+    return factor_table().get(RENAMED_FACTORS.get(factor or "", factor or ""))
 
 
 def words(factor: str | None) -> str:

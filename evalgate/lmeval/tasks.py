@@ -26,12 +26,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..configuration.prompts import Prompt
 from ..configuration.suite import LmEvalConfig, Suite
 from ..errors import ConfigError, EvalgateError, MissingDependency
-from ..hashing import digest
-
-DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default when a task sets no max_gen_toks
+from ..hashing import digest, jsonable
 
 
 def _import_lm_eval():
@@ -153,163 +150,6 @@ def _anchor_data_paths(cfg: dict, yaml_path: Path) -> dict:
     return {**cfg, "dataset_kwargs": kwargs} if kwargs else cfg
 
 
-def _lm_class():
-    """The TemplateLM subclass, defined lazily: lm-eval is imported only for suites that have tasks."""
-    from lm_eval.api.model import TemplateLM
-    from lm_eval.models.utils import handle_stop_sequences, has_bos_prefix, maybe_truncate, normalize_gen_kwargs, postprocess_generated_text
-    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-
-    class EvalgateLM(TemplateLM):
-        """Records lm-eval's requests (answers=None) or answers them from evalgate's records.
-
-        Tokenization follows lm-eval's vLLM backend: `tok_encode` (BOS as the tokenizer or `add_bos_token`
-        says), `_encode_pair` for context/continuation, left truncation, rolling windows of max_length - 2."""
-
-        def __init__(self, tokenizer, max_length: int, add_bos_token: bool | None, sampling: dict,
-                     answers: dict | None = None):
-            super().__init__()
-            self.tokenizer = tokenizer
-            self._max_length = max_length
-            self.add_bos_token = add_bos_token
-            self.sampling = sampling
-            self.answers = answers
-            self.recorded: list[Prompt] = []
-            self.docs: dict[str, dict[str, Any]] = {}  # task -> doc_id -> document, as evaluated
-            self._pending: list = []
-
-        # -- tokenization, as lm-eval's vLLM backend does it
-        @property
-        def eot_token_id(self) -> int:
-            return self.tokenizer.eos_token_id
-
-        @property
-        def prefix_token_id(self) -> int:
-            bos = self.tokenizer.bos_token_id
-            return bos if bos is not None else self.tokenizer.eos_token_id
-
-        @property
-        def max_length(self) -> int:
-            return self._max_length
-
-        def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-            if not string:
-                return []
-            flags: dict = {}
-            if add_special_tokens is not None:
-                flags["add_special_tokens"] = add_special_tokens
-            elif self.add_bos_token is not None:
-                flags["add_special_tokens"] = self.add_bos_token
-            if has_bos_prefix(string, self.tokenizer.decode(self.prefix_token_id)):
-                flags["add_special_tokens"] = False  # the text already starts with BOS (chat templates)
-            return list(self.tokenizer(string, **flags).input_ids)
-
-        # -- chat, as lm-eval's vLLM backend renders it (simple_evaluate decides when)
-        @property
-        def tokenizer_name(self) -> str:
-            return str(getattr(self.tokenizer, "name_or_path", "tokenizer")).replace("/", "__")
-
-        def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-            import jinja2
-
-            def render(history):
-                return self.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                          continue_final_message=not add_generation_prompt)
-
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise ConfigError("[lm_eval] apply_chat_template is set, but the model's tokenizer has no chat template",
-                                  fix="add the template to the model directory (chat_template.jinja), or set "
-                                      "apply_chat_template = false")
-            try:
-                return render(chat_history)
-            except jinja2.exceptions.TemplateError:  # a template without a system role: lm-eval drops it
-                return render([m for m in chat_history if m["role"] != "system"])
-
-        def _keys(self, instances) -> list[str]:
-            """task/doc_id/idx/repeat: lm-eval passes an instance once per repeat, consecutively."""
-            seen: dict[tuple, int] = {}
-            keys = []
-            for inst in instances:
-                base = (inst.task_name, inst.doc_id, inst.idx)
-                seen[base] = seen.get(base, -1) + 1
-                keys.append(f"{inst.task_name}/{inst.doc_id}/{inst.idx}/{seen[base]}")
-            return keys
-
-        def _answer(self, key: str):
-            try:
-                return self.answers[key]
-            except KeyError:
-                raise EvalgateError(f"lm-eval built request {key!r} when scoring but not when running the suite",
-                                    fix="task building must be deterministic: check the task's process_docs") from None
-
-        def _record(self, key: str, inst, request_type: str, **fields) -> None:
-            self.docs.setdefault(inst.task_name, {})[str(inst.doc_id)] = _jsonable(inst.doc)
-            self.recorded.append(Prompt(key=key, max_tokens=None, line=0, request_type=request_type,
-                                        location=f"{inst.task_name} doc {inst.doc_id}", **fields))
-
-        # -- the three request types
-        def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-            keys = self._keys(requests)
-            results = []
-            eos = self.tokenizer.decode(self.eot_token_id)
-            for key, inst in zip(keys, requests):
-                context, gen_kwargs = inst.args
-                kwargs = normalize_gen_kwargs(gen_kwargs, default_max_gen_toks=DEFAULT_MAX_GEN_TOKS)
-                until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
-                max_gen_toks = int(kwargs.pop("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
-                kwargs.pop("do_sample", None)
-                if self.answers is None:
-                    ids, max_gen_toks = maybe_truncate(self.tok_encode(context), max_gen_toks=max_gen_toks,
-                                                       max_model_len=self.max_length, side="left", verbose=False)
-                    sampling = {"skip_special_tokens": False, "spaces_between_special_tokens": False, **kwargs,
-                                "max_tokens": max_gen_toks, "stop": until}
-                    self._record(key, inst, "generate_until", text=context, prompt_ids=tuple(ids), sampling=sampling)
-                    results.append("")
-                else:
-                    results.append(postprocess_generated_text(self._answer(key).text, until, None))
-            return results
-
-        def loglikelihood(self, requests, disable_tqdm: bool = False):
-            self._pending = list(requests)
-            return super().loglikelihood(requests, disable_tqdm=True)  # _encode_pair, then _loglikelihood_tokens
-
-        def _loglikelihood_tokens(self, requests, **kwargs):
-            keys = self._keys(self._pending)
-            results = []
-            limit = self.max_length - 1  # the engine generates one token after the scored prompt
-            for key, inst, ((context, continuation), context_enc, continuation_enc) in zip(keys, self._pending, requests):
-                if self.answers is None:
-                    if len(continuation_enc) >= limit:
-                        raise ConfigError(f"{inst.task_name} doc {inst.doc_id}: the continuation is {len(continuation_enc)} "
-                                          f"tokens, over the engine's context ({self.max_length})",
-                                          fix="raise engine.max_model_len or shorten the task's choices")
-                    whole = (list(context_enc) + list(continuation_enc))[-limit:]  # left truncation, as lm-eval
-                    context_ids = whole[: len(whole) - len(continuation_enc)]
-                    self._record(key, inst, "loglikelihood", text=context, continuation=continuation,
-                                 segments=((tuple(context_ids), tuple(continuation_enc)),))
-                    results.append((0.0, False))
-                else:
-                    results.append(loglikelihood_result(self._answer(key)))
-            return results
-
-        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-            keys = self._keys(requests)
-            results = []
-            for key, inst in zip(keys, requests):
-                (string,) = inst.args
-                if self.answers is None:
-                    windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
-                        token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
-                        max_seq_len=self.max_length - 2, context_len=1)]
-                    segments = tuple((tuple(ctx), tuple(cont)) for ctx, cont in windows)
-                    self._record(key, inst, "loglikelihood_rolling", text=string, continuation=string, segments=segments)
-                    results.append(0.0)
-                else:
-                    results.append(loglikelihood_result(self._answer(key))[0])
-            return results
-
-    return EvalgateLM
-
-
 @contextlib.contextmanager
 def _no_environment_report():
     """simple_evaluate ends by describing its environment for its own report: `git describe` (which prints
@@ -325,13 +165,6 @@ def _no_environment_report():
     finally:
         for name, fn in saved.items():
             setattr(evaluator, name, fn)
-
-
-def loglikelihood_result(completion) -> tuple[float, bool]:
-    """(sum of the continuation's logprobs, whether every token was the top-1), lm-eval's answer format."""
-    total = sum(completion.logprobs)
-    greedy = all(row_lps and lp >= row_lps[0] for lp, row_lps in zip(completion.logprobs, completion.top_logprobs))
-    return total, bool(greedy)
 
 
 @dataclass
@@ -364,9 +197,15 @@ class TaskRun:
                               fix="check the task YAML files and their data (built-in tasks need their data "
                                   "downloaded on this machine)") from None
 
+    def _lm(self, answers: dict | None = None):
+        """evalgate as an lm-eval model (lmeval/harness.py, which imports lm-eval: loaded here, on first use)."""
+        from .harness import EvalgateLM
+
+        return EvalgateLM(self.tokenizer, self.max_length, self.prepared.config.add_bos_token, self.sampling, answers)
+
     def build(self, suite: Suite) -> Suite:
         """The suite with lm-eval's requests added after its plain prompts, and the tasks' identity."""
-        lm = _lm_class()(self.tokenizer, self.max_length, self.prepared.config.add_bos_token, self.sampling)
+        lm = self._lm()
         results = self._evaluate(lm, scoring=False)
         requests = lm.recorded
         if not requests:
@@ -390,7 +229,7 @@ class TaskRun:
 
     def score(self, answers: dict) -> tuple[list[dict], list[dict]]:
         """lm-eval's metrics on the given records (key -> Completion): (task scores, per-document scores)."""
-        lm = _lm_class()(self.tokenizer, self.max_length, self.prepared.config.add_bos_token, self.sampling, answers)
+        lm = self._lm(answers)
         results = self._evaluate(lm, scoring=True)
         scores = []
         for task, metrics in results.get("results", {}).items():
@@ -455,7 +294,7 @@ def _portable_config(cfg: dict) -> dict:
         cfg["dataset_kwargs"] = {**cfg["dataset_kwargs"], "data_files": _map_paths(local["data_files"], lambda p: p.name)}
     if "dataset_path" in local:
         cfg["dataset_path"] = Path(local["dataset_path"]).name
-    return _jsonable(cfg)
+    return jsonable(cfg)
 
 
 def _data_hashes(cfg: dict) -> dict:
@@ -486,19 +325,6 @@ def _file_sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _jsonable(value):
-    """Canonical-JSON-able: functions (from `!function`) by qualified name, other objects by str()."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if callable(value):
-        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', repr(value))}"
-    return str(value)
 
 
 def _lm_eval_version() -> str:

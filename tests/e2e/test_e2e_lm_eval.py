@@ -147,7 +147,8 @@ def test_loglikelihoods_agree_with_lm_eval_hf_backend(workspace):
     from lm_eval.models.huggingface import HFLM
 
     from evalgate.configuration.suite import load_suite
-    from evalgate.lmeval.tasks import loglikelihood_result, prepare
+    from evalgate.lmeval.harness import loglikelihood_result
+    from evalgate.lmeval.tasks import prepare
     from evalgate.store import open_store
 
     ws, cli, root = workspace

@@ -11,12 +11,14 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from helpers import cached_model, database_url, db_outputs, db_query, read_json, write_suite
+from variance import run_plain_vllm
 
 CHATS = [
     {"id": "chat-paris", "messages": [{"role": "user", "content": "What is the capital of France?"}]},
@@ -139,7 +141,7 @@ def stored(url: str, run_id: int) -> dict[str, tuple]:
 def test_chat_suite_on_the_real_model(cli, tmp_path, smollm2):
     from transformers import AutoTokenizer
 
-    from evalgate.records import unpack_ids
+    from evalgate.records import unpack_floats, unpack_ids
 
     model = linked_copy(smollm2, tmp_path / "model")
     suite = chat_suite(tmp_path / "ws", model)
@@ -155,8 +157,18 @@ def test_chat_suite_on_the_real_model(cli, tmp_path, smollm2):
                                                  return_dict=False, **line.get("chat_template_kwargs", {}))
         assert unpack_ids(records[line["id"]][0]) == list(expected), line["id"]
     assert unpack_ids(records["text-0"][0]) == tokenizer.encode("The capital of Japan is")
-    answers = {o["key"]: o["text"] for o in db_outputs(url, "run_id = 1 and pass_index = 0")}
-    assert "Paris" in answers["chat-paris"]  # a real model: a real answer
+    # a real model's answers, exactly as plain vLLM gives them for the same ids on this machine (what the
+    # model says depends on the CPU's bf16 kernels: on one CPU it answers "Paris", on another it starts
+    # with a landmark; evalgate must record whatever vLLM does, bit for bit)
+    plain = run_plain_vllm({
+        "model": str(model), "dtype": "bfloat16", "engine": {"max_model_len": 512, "enforce_eager": True, "seed": 0},
+        "sampling": {"temperature": 0.0, "max_tokens": 8, "logprobs": 5},
+        "prompts": [{"key": k, "prompt_token_ids": unpack_ids(records[k][0])} for k in ("chat-paris", "text-0")],
+        "conditions": [{"name": "alone", "concurrency": 1, "salt": "plain"}]}, tmp_path / "plain", cli.env)["alone"]
+    for key, out in plain.items():
+        assert out["ids"] == records[key][1] and out["ids"], key
+        assert [struct.unpack("<d", bytes.fromhex(b))[0] for b in out["logprob_bits"]] == \
+            unpack_floats(records[key][2]), key
 
     # lm-eval built the task's requests through the chat template, with the system instruction, and scored them
     lm_eval_prompts = [p for k, p in db_query(url, "select key, prompt from requests where run_id = 1") if "/" in k]

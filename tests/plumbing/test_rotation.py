@@ -125,7 +125,9 @@ def test_command_line_overrides_that_break_the_preset_are_refused(tmp_path, fake
     suite = load_suite(write_suite(tmp_path, fake_model, ["a"], kind="fake", concurrency=(1, 8), shuffles=0,
                                    extra_schedule='preset = "rotating"'))
     assert resolve_schedule(suite, [1, 16]).concurrency == (1, 16)
-    with pytest.raises(ConfigError, match="--shuffles/--repeats do not go with"):
+    with pytest.raises(ConfigError, match="--shuffles does not go with"):
         resolve_schedule(suite, shuffles=1)
+    with pytest.raises(ConfigError, match="--repeats does not go with"):
+        resolve_schedule(suite, repeats=2)
     with pytest.raises(ConfigError, match="--concurrency needs two levels"):
         resolve_schedule(suite, [16])

@@ -11,7 +11,8 @@ import pytest
 from evalgate.configuration.prompts import Prompt
 from evalgate.configuration.suite import load_suite
 from evalgate.errors import ConfigError
-from evalgate.lmeval.tasks import _anchor_data_paths, _data_hashes, _portable_config, loglikelihood_result, prepare
+from evalgate.lmeval.harness import loglikelihood_result
+from evalgate.lmeval.tasks import _anchor_data_paths, _data_hashes, _portable_config, prepare
 from evalgate.records import Completion
 
 EXAMPLE_TASKS = Path(__file__).resolve().parents[2] / "examples" / "lm_eval" / "tasks"

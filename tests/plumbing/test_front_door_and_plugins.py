@@ -1,0 +1,86 @@
+"""The library's front door (`import evalgate`) and a third-party probe added by one class: both on the
+fake engine in this process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+from helpers import read_json, write_suite
+
+from evalgate import registry
+from evalgate.configuration.schedule import Pass
+from evalgate.execution.probes import Probe, get_probe
+from evalgate.judgement.factors import factor_table
+
+
+class Solo(Probe):
+    """A third party's probe, as its own package would ship it: every request alone again, against the most
+    crowded pass, under a factor of its own."""
+
+    name = "solo"
+    factor = "solo"
+    words = "alone again"
+    remedy = "engine.max_num_seqs = 1"
+    batch_factor = True
+
+    def plan(self, context, add):
+        crowded = max(context.passes, key=lambda p: p.concurrency)
+        add(1, reference=crowded.index)
+        return None
+
+    def label(self, reference: Pass, other: Pass) -> str:
+        return f"alone again after batch size {reference.concurrency} (solo)"
+
+
+@pytest.fixture
+def solo_plugin(monkeypatch):
+    point = metadata.EntryPoint(name="solo", value=f"{__name__}:Solo", group="evalgate.probes")
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [point] if group == "evalgate.probes" else [])
+    get_probe.cache_clear()
+    factor_table.cache_clear()
+    yield
+    get_probe.cache_clear()
+    factor_table.cache_clear()
+
+
+def test_a_probe_from_the_entry_point_group_runs_and_is_judged_under_its_factor(solo_plugin, inline_cli, tmp_path,
+                                                                                 fake_model):
+    suite = write_suite(tmp_path / "ws", fake_model, [f"prompt {i}" for i in range(4)], max_tokens=4, kind="fake",
+                        concurrency=(1, 4), shuffles=0, hot_pass=False, extra_schedule='probes = ["solo"]',
+                        extra_engine='fake_vary_with_batch = ["p002"]')
+    proc = inline_cli("baseline", "create", suite, "--json-report", tmp_path / "r.json", check=1)
+    report = read_json(tmp_path / "r.json")
+    rows = {f["comparison"]: (f["factor"], f["differing"], f["keys"]) for f in report["factors"]}
+    assert rows == {"batch size 1→4": ("batch_size", 1, ["p002"]),
+                    "alone again after batch size 4 (solo)": ("solo", 1, ["p002"])}
+    assert report["not_run"] == []
+    assert "alone again" in proc.stdout and "engine.max_num_seqs = 1" in proc.stdout  # its words and remedy
+
+
+def test_an_unknown_probe_lists_the_registered_ones(solo_plugin, inline_cli, tmp_path, fake_model):
+    suite = write_suite(tmp_path / "ws", fake_model, ["a"], kind="fake", extra_schedule='probes = ["sol"]')
+    proc = inline_cli("baseline", "create", suite, check=2)
+    assert "unknown probe 'sol'" in proc.stderr and "solo" in proc.stderr
+
+
+def test_the_front_door_is_light_and_runs_a_suite(tmp_path, fake_model, monkeypatch):
+    light = subprocess.run([sys.executable, "-c", "import sys, evalgate; evalgate.__all__; "
+                            "print(sorted(m for m in ('sqlalchemy', 'alembic', 'vllm', 'torch', 'lm_eval', 'typer') "
+                            "if m in sys.modules))"], capture_output=True, text=True, check=True)
+    assert light.stdout.strip() == "[]"
+
+    import evalgate
+
+    assert all(getattr(evalgate, name) for name in evalgate.__all__)
+    monkeypatch.setenv("EVALGATE_INLINE_ENGINE", "1")
+    suite = evalgate.load_suite(write_suite(tmp_path / "ws", fake_model, ["a", "b"], kind="fake", max_tokens=3,
+                                            extra_engine='fake_vary_with_batch = ["p001"]'))
+    created = evalgate.create_baseline(suite, allow_variance=True)
+    assert (created.kind, created.status, created.promoted) == ("baseline", "regression", True)
+    checked = evalgate.check(suite)
+    assert checked.baseline_run_id == created.run_id and checked.counts["batch_variance"] == 1
+    diff = evalgate.compare_runs(evalgate.open_store(suite.database), created.run_id, checked.run_id)
+    assert diff.kind == "diff" and {v.key: v.verdict for v in diff.verdicts} == {"p000": "stable", "p001": "batch_variance"}
