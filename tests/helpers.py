@@ -254,3 +254,63 @@ def variance_prompts(n: int = 48) -> list[str]:
 
     return list(tiny_prompts(n))
 
+
+
+# --- the green path, on the fake engine (plumbing) and on vLLM (e2e) ------------------------------------------
+
+GREEN_PROMPTS = [f"Prompt number {i}: the quick brown fox and the {w}" for i, w in
+                 enumerate(["dog", "cat", "river", "city", "answer", "model", "colour", "number"] * 3)]
+
+
+def assert_sqlite_beside_suite(store_backend: str, suite, db: str) -> None:
+    """On SQLite, the relative `sqlite:///evalgate.sqlite` is the file next to the suite file."""
+    if store_backend == "sqlite":
+        assert sqlite_file(db) == suite.parent / "evalgate.sqlite" and sqlite_file(db).is_file()
+
+
+def green_path(cli, tmp_path, model, store_url, store_backend, kind):
+    """Create, check, list, show, diff and accept on quiet prompts: every request stable, every pass stored."""
+    suite = write_suite(tmp_path / "ws", model, GREEN_PROMPTS, concurrency=(1, 4, 16), shuffles=1,
+                        database=store_url, kind=kind, max_tokens=8)
+    created = cli("baseline", "create", suite, "--json-report", tmp_path / "create.json", check=0)
+    report = read_json(tmp_path / "create.json")
+    assert report["counts"]["stable"] == len(GREEN_PROMPTS)
+    assert report["promoted"] is True
+    assert "NOT in force" in created.stdout  # batch invariance requested, unavailable on CPU: said so
+
+    checked = cli("check", suite, "--json-report", tmp_path / "check.json", check=0)
+    report = read_json(tmp_path / "check.json")
+    assert report["schema"] == "evalgate.report/1"
+    assert report["status"] == "pass" and report["exit_code"] == 0
+    assert report["counts"]["stable"] == len(GREEN_PROMPTS)
+    assert report["changed_components"] == []
+    assert report["requests"] == []
+    assert report["batch_invariance"] == {
+        "requested": True, "in_force": False,
+        "reason": "not available on this platform (cpu): vLLM's batch-invariant kernels need CUDA, ROCm or XPU"
+        if kind == "vllm" else "the fake test engine has no batch-invariant kernels",
+    }
+    assert "PASS" in checked.stdout
+    if kind == "vllm":  # prompts shorter than one 128-token CPU cache block: the hot pass can hit nothing
+        assert report["cache_hits"] == [{"pass": 1, "hit": 0, "missed": len(GREEN_PROMPTS), "unknown": 0}]
+        out = " ".join(checked.stdout.split())
+        assert "hot pass 1: 0 of 24 requests were served from the prefix cache" in out
+        assert "not exercised: prefix cache cold→hot" in out and "invariant under: batch size 1→4" in out
+
+    db = database_url(suite)
+    assert_sqlite_beside_suite(store_backend, suite, db)
+    assert db_runs(db) == [(1, "baseline", "complete", "pass"), (2, "check", "complete", "pass")]
+    # every request at every pass: 3 concurrency levels, the hot pass (1) and a shuffled pass
+    per_pass = db_query(db, "select pass_index, concurrency, count(*), max(position) from outputs "
+                            "where run_id = 2 group by pass_index, concurrency order by pass_index")
+    assert per_pass == [(0, 1, 24, 0), (1, 1, 24, 0), (2, 4, 24, 3), (3, 16, 24, 15), (4, 16, 24, 15)]
+
+    listed = cli("runs", "list", "--suite", suite, check=0)
+    assert "baseline" in listed.stdout and "check" in listed.stdout
+    shown = cli("runs", "show", "2", "--suite", suite, "--json", check=0)
+    assert '"status": "complete"' in shown.stdout
+    diffed = cli("diff", "1", "2", "--suite", suite, "--json-report", tmp_path / "diff.json", check=0)
+    assert read_json(tmp_path / "diff.json")["counts"]["stable"] == len(GREEN_PROMPTS)
+    assert "identity unchanged" in diffed.stdout
+    cli("baseline", "accept", "2", "--suite", suite, check=0)
+    assert db_baselines(db) == [("test", 2)]

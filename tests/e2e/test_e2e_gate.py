@@ -5,29 +5,27 @@ alone, then all together, each run cold) on the workload the session's survey fo
 machine, checked request by request against plain vLLM under the same conditions (tests/variance.py); an
 explained change by swapping the weights at the same path. The real-engine tests mock nothing.
 
-The real-engine tests store to SQLite. Where the backend is what is tested, the same journey runs on
-PostgreSQL too (`store_url`, `store_backend`: conftest.py; EVALGATE_TEST_POSTGRES=1, tests/pg.py) with the
-fake test engine (evalgate/engines/fake.py), whose outputs are deterministic: the store is what differs,
-not the engine. The stored rows are read back through SQLAlchemy on either backend; assertions about
-SQLite's own files run on SQLite only.
+The real-engine tests store to SQLite. The same journey on each store backend, and the explained change
+of a weight swap, run on the fake engine in the plumbing tier (tests/plumbing/test_gate.py).
 """
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
 import pytest
 from helpers import (
+    GREEN_PROMPTS,
     SQLITE_IN_SUITE_DIR,
+    assert_sqlite_beside_suite,
     database_url,
     db_baselines,
     db_exists,
     db_query,
     db_runs,
+    green_path,
     read_json,
-    sqlite_file,
     variance_prompts,
     write_suite,
 )
@@ -37,8 +35,6 @@ from evalgate.configuration.schedule import rotation_slot
 
 pytestmark = pytest.mark.e2e
 
-GREEN_PROMPTS = [f"Prompt number {i}: the quick brown fox and the {w}" for i, w in
-                 enumerate(["dog", "cat", "river", "city", "answer", "model", "colour", "number"] * 3)]
 # The negative controls' workload (conftest.variance_prompts: what varies on these CPUs, measured).
 VARIANCE_PROMPTS = variance_prompts()
 
@@ -46,88 +42,8 @@ VARIANCE_PROMPTS = variance_prompts()
 runs, baselines = db_runs, db_baselines  # (id, kind, status, verdict) / (suite_name, run_id) rows, either backend
 
 
-def assert_sqlite_beside_suite(store_backend: str, suite, db: str) -> None:
-    """On SQLite, the relative `sqlite:///evalgate.sqlite` is the file next to the suite file."""
-    if store_backend == "sqlite":
-        assert sqlite_file(db) == suite.parent / "evalgate.sqlite" and sqlite_file(db).is_file()
-
-
 def test_green_path_create_then_check(cli, tmp_path, tiny_model):
     green_path(cli, tmp_path, tiny_model, SQLITE_IN_SUITE_DIR, "sqlite", "vllm")
-
-
-def test_green_path_on_each_store_backend(cli, tmp_path, tiny_model, store_url, store_backend):
-    green_path(cli, tmp_path, tiny_model, store_url, store_backend, "fake")
-
-
-def green_path(cli, tmp_path, tiny_model, store_url, store_backend, kind):
-    suite = write_suite(tmp_path / "ws", tiny_model, GREEN_PROMPTS, concurrency=(1, 4, 16), shuffles=1,
-                        database=store_url, kind=kind, max_tokens=8)
-    created = cli("baseline", "create", suite, "--json-report", tmp_path / "create.json", check=0)
-    report = read_json(tmp_path / "create.json")
-    assert report["counts"]["stable"] == len(GREEN_PROMPTS)
-    assert report["promoted"] is True
-    assert "NOT in force" in created.stdout  # batch invariance requested, unavailable on CPU: said so
-
-    checked = cli("check", suite, "--json-report", tmp_path / "check.json", check=0)
-    report = read_json(tmp_path / "check.json")
-    assert report["schema"] == "evalgate.report/1"
-    assert report["status"] == "pass" and report["exit_code"] == 0
-    assert report["counts"]["stable"] == len(GREEN_PROMPTS)
-    assert report["changed_components"] == []
-    assert report["requests"] == []
-    assert report["batch_invariance"] == {
-        "requested": True, "in_force": False,
-        "reason": "not available on this platform (cpu): vLLM's batch-invariant kernels need CUDA, ROCm or XPU"
-        if kind == "vllm" else "the fake test engine has no batch-invariant kernels",
-    }
-    assert "PASS" in checked.stdout
-    if kind == "vllm":  # prompts shorter than one 128-token CPU cache block: the hot pass can hit nothing
-        assert report["cache_hits"] == [{"pass": 1, "hit": 0, "missed": len(GREEN_PROMPTS), "unknown": 0}]
-        out = " ".join(checked.stdout.split())
-        assert "hot pass 1: 0 of 24 requests were served from the prefix cache" in out
-        assert "not exercised: prefix cache cold→hot" in out and "invariant under: batch size 1→4" in out
-
-    db = database_url(suite)
-    assert_sqlite_beside_suite(store_backend, suite, db)
-    assert runs(db) == [(1, "baseline", "complete", "pass"), (2, "check", "complete", "pass")]
-    # every request at every pass: 3 concurrency levels, the hot pass (1) and a shuffled pass
-    per_pass = db_query(db, "select pass_index, concurrency, count(*), max(position) from outputs "
-                            "where run_id = 2 group by pass_index, concurrency order by pass_index")
-    assert per_pass == [(0, 1, 24, 0), (1, 1, 24, 0), (2, 4, 24, 3), (3, 16, 24, 15), (4, 16, 24, 15)]
-
-    listed = cli("runs", "list", "--suite", suite, check=0)
-    assert "baseline" in listed.stdout and "check" in listed.stdout
-    shown = cli("runs", "show", "2", "--suite", suite, "--json", check=0)
-    assert '"status": "complete"' in shown.stdout
-    diffed = cli("diff", "1", "2", "--suite", suite, "--json-report", tmp_path / "diff.json", check=0)
-    assert read_json(tmp_path / "diff.json")["counts"]["stable"] == len(GREEN_PROMPTS)
-    assert "identity unchanged" in diffed.stdout
-    cli("baseline", "accept", "2", "--suite", suite, check=0)
-    assert baselines(db) == [("test", 2)]
-
-
-def test_explained_change_after_weight_swap(cli, tmp_path, tiny_model):
-    """The weights' content hash is evalgate's (vLLM's own fingerprint would not notice the swap), so the
-    fake test engine, whose outputs follow the weights, shows it as well as vLLM and in a fraction of the time."""
-    model = tmp_path / "model"
-    shutil.copytree(tiny_model, model)
-    suite = write_suite(tmp_path / "ws", model, GREEN_PROMPTS[:8], concurrency=(1, 8), shuffles=0, kind="fake")
-    cli("baseline", "create", suite, check=0)
-    # same path, other weights: vLLM's own fingerprint would not notice; evalgate's content hash does
-    cli("build-model", model, "--seed", "1", check=0)
-    out = cli("check", suite, "--json-report", tmp_path / "check.json", check=0)
-    report = read_json(tmp_path / "check.json")
-    assert report["counts"]["silent_regression"] == 0
-    assert report["counts"]["explained_change"] >= 1
-    assert report["changed_components"] == ["model"]
-    changed = [r for r in report["requests"] if r["verdict"] == "explained_change"]
-    assert all(r["components"] == ["model"] for r in changed)
-    first = changed[0]["divergence"]
-    assert first["reference_id"] != first["other_id"] and first["margin"] is not None
-    assert "model.safetensors" in report["fingerprint_changes"]["model"]
-    assert "explained_change" in out.stdout
-    cli("check", suite, "--strict", check=1)
 
 
 def gate_keys(report: dict, verdict: str = "batch_variance") -> dict[str, set[str]]:

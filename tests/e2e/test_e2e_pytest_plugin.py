@@ -10,8 +10,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-from helpers import write_suite
-from test_e2e_gate import GREEN_PROMPTS, VARIANCE_PROMPTS
+from helpers import GREEN_PROMPTS, variance_prompts, write_suite
 
 pytestmark = pytest.mark.e2e
 
@@ -47,8 +46,8 @@ def test_plugin_passes_then_errors_without_baseline(cli, tmp_path, tiny_model):
 
 
 def test_plugin_fails_batch_variance_with_the_token_diff(cli, tmp_path, tiny_model):
-    n = len(VARIANCE_PROMPTS)
-    suite = write_suite(tmp_path / "ws", tiny_model, VARIANCE_PROMPTS, max_tokens=32, concurrency=(1,), shuffles=0,
+    n = len(variance_prompts())
+    suite = write_suite(tmp_path / "ws", tiny_model, variance_prompts(), max_tokens=32, concurrency=(1,), shuffles=0,
                         name="variance", kind="fake", extra_engine='fake_vary_with_batch = ["p003", "p017"]')
     cli("baseline", "create", suite, check=0)
     proc = run_pytest(cli, "--evalgate", suite, "--evalgate-concurrency", f"1,{n}", "--junitxml", tmp_path / "j.xml")

@@ -1,0 +1,81 @@
+"""The gate's own plumbing through the CLI, on the fake engine in this process: the green journey on each
+store backend (SQLite and PostgreSQL: the store is what differs, not the engine), an explained change
+when the weights at the same path change, and shards merged into one verdict. Each failure verdict is
+produced on real vLLM in tests/e2e/test_e2e_gate.py."""
+
+from __future__ import annotations
+
+import shutil
+
+from helpers import GREEN_PROMPTS, bare_model, database_url, db_baselines, db_query, green_path, read_json, write_suite
+
+
+def test_green_path_on_each_store_backend(inline_cli, tmp_path, fake_model, store_url, store_backend):
+    green_path(inline_cli, tmp_path, fake_model, store_url, store_backend, "fake")
+
+
+def test_explained_change_after_weight_swap(inline_cli, tmp_path, fake_model):
+    """The weights' content hash is evalgate's (vLLM's own fingerprint would not notice the swap), so the
+    fake test engine, whose outputs follow the weights, shows it as well as vLLM and in a fraction of the time."""
+    model = tmp_path / "model"
+    shutil.copytree(fake_model, model)
+    suite = write_suite(tmp_path / "ws", model, GREEN_PROMPTS[:8], concurrency=(1, 8), shuffles=0, kind="fake")
+    inline_cli("baseline", "create", suite, check=0)
+    # same path, other weights: vLLM's own fingerprint would not notice; evalgate's content hash does
+    bare_model(model, seed=1)
+    out = inline_cli("check", suite, "--json-report", tmp_path / "check.json", check=0)
+    report = read_json(tmp_path / "check.json")
+    assert report["counts"]["silent_regression"] == 0
+    assert report["counts"]["explained_change"] >= 1
+    assert report["changed_components"] == ["model"]
+    changed = [r for r in report["requests"] if r["verdict"] == "explained_change"]
+    assert all(r["components"] == ["model"] for r in changed)
+    first = changed[0]["divergence"]
+    assert first["reference_id"] != first["other_id"] and first["margin"] is not None
+    assert "model.safetensors" in report["fingerprint_changes"]["model"]
+    assert "explained_change" in out.stdout
+    inline_cli("check", suite, "--strict", check=1)
+
+
+def test_two_shards_merge_to_the_unsharded_verdict(inline_cli, tmp_path, fake_model, store_url):
+    model = tmp_path / "model"
+    shutil.copytree(fake_model, model)
+    prompts = GREEN_PROMPTS[:12]
+    suite = write_suite(tmp_path / "ws", model, prompts, concurrency=(1, 4), shuffles=0, database=store_url,
+                        kind="fake")
+    db = database_url(suite)
+
+    # a sharded baseline: neither shard alone is promoted; the merge is
+    inline_cli("baseline", "create", suite, "--shard", "1/2", "--group", "b1", check=0)
+    inline_cli("baseline", "create", suite, "--shard", "2/2", "--group", "b1", check=0)
+    assert db_baselines(db) == []
+    inline_cli("baseline", "create", suite, "--merge", "--group", "b1", "--json-report", tmp_path / "b.json", check=0)
+    merged_baseline = read_json(tmp_path / "b.json")
+    assert merged_baseline["promoted"] is True and merged_baseline["counts"]["stable"] == len(prompts)
+    assert db_baselines(db) == [("test", merged_baseline["run_id"])]
+
+    # new weights, then the same check sharded and unsharded
+    bare_model(model, seed=1)
+    whole = inline_cli("check", suite, "--json-report", tmp_path / "whole.json")
+    parts = [inline_cli("check", suite, "--shard", f"{i}/2", "--group", "c1", "--json-report", tmp_path / f"s{i}.json")
+             for i in (1, 2)]
+    shard_reports = [read_json(tmp_path / f"s{i}.json") for i in (1, 2)]
+    assert sum(r["counts"]["explained_change"] + r["counts"]["stable"] for r in shard_reports) == len(prompts)
+    assert all(r["counts"]["missing"] == 0 for r in shard_reports)  # other shards' keys are not "missing"
+    merged = inline_cli("check", suite, "--merge", "--group", "c1", "--json-report", tmp_path / "merged.json")
+    whole_report, merged_report = read_json(tmp_path / "whole.json"), read_json(tmp_path / "merged.json")
+    assert merged.returncode == whole.returncode == 0 and all(p.returncode == 0 for p in parts)
+    assert merged_report["counts"] == whole_report["counts"]
+    assert merged_report["changed_components"] == whole_report["changed_components"] == ["model"]
+    def strip(report):
+        return sorted((r["key"], r["verdict"], r["divergence"]["position"]) for r in report["requests"])
+    assert strip(merged_report) == strip(whole_report)
+    merged_run = merged_report["run_id"]
+    passes = len(read_json(tmp_path / "whole.json")["factors"]) + 1  # every pass but pass 0 is a comparison
+    assert db_query(db, f"select count(*) from outputs where run_id = {merged_run}") == [(len(prompts) * passes,)]
+
+    # an incomplete group cannot be merged
+    inline_cli("check", suite, "--shard", "1/3", "--group", "c2", check=0)
+    refused = inline_cli("check", suite, "--merge", "--group", "c2", check=3)
+    assert "missing shards 2/3, 3/3" in refused.stderr
+    inline_cli("check", suite, "--shard", "1/2", check=2)  # --shard without --group
