@@ -26,7 +26,7 @@ model or more prompts); 3 a command failed or timed out.
 `--dry-run`: the same steps on CPU with the tiny model and a few prompts, with CPU expectations (batch
 invariance requested but NOT in force, the cost command's batch-invariant candidate `unavailable`, the
 negative control not enforced; the cost step prices only batch-invariant and max-num-seqs-1): CI runs it
-(tests/test_e2e_cost.py) so the script cannot rot.
+(tests/e2e/test_e2e_cost.py) so the script cannot rot.
 
     OUT=/tmp/out python benchmarks/gpu_validate.py                 # on the GPU machine
     python benchmarks/gpu_validate.py --dry-run --out /tmp/out     # anywhere, CPU only

@@ -1,7 +1,7 @@
 """The identity hashing contract (docs/design.md "Identity", docs/fingerprint.md). Changing anything here changes every hash.
 
 canonical_json: JSON with sorted keys, no whitespace, UTF-8 (non-ASCII kept as is), floats in Python's
-shortest round-trip repr. digest: lowercase hex SHA-256 of that encoding. Pinned by tests/test_hashing.py.
+shortest round-trip repr. digest: lowercase hex SHA-256 of that encoding. Pinned by tests/unit/test_hashing.py.
 """
 
 import hashlib

@@ -160,32 +160,14 @@ def bisect_config(store: Store, run_a: int, run_b: int, *, bounds: Bounds | None
                "concurrency": concurrency}
     bisection = Bisection(store, "config", b.run.suite_name, subject, bounds=bounds, on_trial=on_trial)
     result = ConfigResult(bisection.session_id, run_a, run_b, "inconclusive", settings, fixed, changed)
-    base = RunConfig.of(a)
     # Reference, every setting, ddmin (about 2 log2(n) trials for one culprit), the confirmation.
     bisection.estimate = 3 + 2 * max(1, len(settings).bit_length())
+    trials = ConfigTrials(bisection, store.url, b, RunConfig.of(a), changed, concurrency)
+    trial = trials.run
     with bisection.guard():
-        def trial(applied: list[Setting], label: str):
-            """One fresh engine on the changed requests with `applied` over A: (outcome, outputs)."""
-            config = trial_config(base, applied)
-            suite = suite_of(b, config, database=store.url)
-            outputs: dict = {}
-
-            def run() -> TrialOutcome:
-                try:
-                    run_id, got = run_trial(suite, store.url, changed, concurrency=concurrency, env=config.worker_env())
-                except EngineError as exc:  # a setting the engine refuses: this subset cannot be judged
-                    return TrialOutcome("error", detail={"error": exc.message})
-                outputs.update(got)
-                if reference is None:
-                    return TrialOutcome("reference", run_id)
-                differ = differing_keys(reference, got)
-                return TrialOutcome("bad" if differ else "good", run_id, {"differing": differ})
-
-            return bisection.trial(label, {"applied": [s.label for s in applied]}, run), outputs
-
-        reference = None
         try:
             outcome, reference = trial([], "A (no setting of B)")
+            trials.reference = reference
             if outcome.outcome == "error":
                 raise EngineError(f"run {run_a}'s configuration no longer starts an engine: {outcome.detail['error']}")
             stored_a = {k: a.outputs[k][0] for k in changed}
@@ -230,6 +212,36 @@ def bisect_config(store: Store, run_a: int, run_b: int, *, bounds: Bounds | None
                 result.status = "found"
         result.naive = 1 + naive_trials(len(settings), max(1, len(result.culprits)))
         return _done(bisection, result)
+
+
+class ConfigTrials:
+    """The trials of one config bisection: each a fresh engine on the changed requests, with some of B's
+    settings applied over A's configuration, judged against the first trial (A's own, the reference)."""
+
+    def __init__(self, bisection: Bisection, url: str, run_b, base: RunConfig, changed: list[str], concurrency: int):
+        self.bisection, self.url, self.run_b, self.base = bisection, url, run_b, base
+        self.changed, self.concurrency = changed, concurrency
+        self.reference: dict | None = None  # the first trial's outputs, once it has run
+
+    def run(self, applied: list[Setting], label: str) -> tuple[TrialOutcome, dict]:
+        """One trial, stored with the bisection: (its outcome, its outputs by request key)."""
+        config = trial_config(self.base, applied)
+        suite = suite_of(self.run_b, config, database=self.url)
+        outputs: dict = {}
+
+        def judged() -> TrialOutcome:
+            try:
+                run_id, got = run_trial(suite, self.url, self.changed, concurrency=self.concurrency,
+                                        env=config.worker_env())
+            except EngineError as exc:  # a setting the engine refuses: this subset cannot be judged
+                return TrialOutcome("error", detail={"error": exc.message})
+            outputs.update(got)
+            if self.reference is None:
+                return TrialOutcome("reference", run_id)
+            differ = differing_keys(self.reference, got)
+            return TrialOutcome("bad" if differ else "good", run_id, {"differing": differ})
+
+        return self.bisection.trial(label, {"applied": [s.label for s in applied]}, judged), outputs
 
 
 def _done(bisection: Bisection, result: ConfigResult) -> ConfigResult:

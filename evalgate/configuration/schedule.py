@@ -49,7 +49,7 @@ class Schedule:
     seed: int = 0
     load: Load | None = None  # [load]: filler traffic for server engines (evalgate/configuration/load.py)
     hot_pass: bool = True  # one pass repeating pass 0 with the prefix cache warm
-    probes: tuple[str, ...] = ()  # targeted passes (evalgate/execution/probes.py)
+    probes: tuple[str, ...] = ()  # targeted passes (evalgate/execution/probes/)
     needle_batch: int = 64  # the needle probe: fillers per wave
     needle_filler_tokens: int = 0  # the needle probe: tokens per filler; 0: half of max_model_len, at most 2048
     preset: str = FULL  # full | rotating (the module docstring)

@@ -129,7 +129,7 @@ def find_suite(path: str | Path | None = None) -> Path:
 
 
 def parse_probes(value, where: str, sec: str) -> tuple[str, ...]:
-    """`probes = ["needle", "prefill_decode"]` or a preset name (`probes = "vllm"`): evalgate/execution/probes.py."""
+    """`probes = ["needle", "prefill_decode"]` or a preset name (`probes = "vllm"`): evalgate/execution/probes/."""
     from ..execution.probes import PRESETS, probe_names
 
     known = probe_names()
@@ -148,7 +148,8 @@ def parse_probes(value, where: str, sec: str) -> tuple[str, ...]:
 
 
 def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
-    """Load and validate a suite file; `database` (e.g. --db) overrides the file's database URL, relative to the cwd."""
+    """Load and validate a suite file; `database` (e.g. --db) overrides the file's database URL, relative to the cwd.
+    One reader per table, each naming the file, the field and the fix of every mistake."""
     try:
         path = Path(path).resolve()
     except (OSError, RuntimeError) as exc:  # RuntimeError: symlink loop (Python < 3.13)
@@ -166,103 +167,21 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
             raise fail(where, f"`{prefix}{name}` must be a table", f"write it as [{prefix}{name}]")
         tables[name] = value
 
-    suite_t = tables["suite"]
-    check_keys(suite_t, {"name", "database", "code_paths"}, where, f"{prefix}suite.")
-    name = typed(suite_t, "name", str, where, f"{prefix}suite.", default=path.parent.name if prefix else path.stem)
-    db_url = typed(suite_t, "database", str, where, f"{prefix}suite.", default=DEFAULT_DATABASE)
-    code_paths = []
-    for item in typed(suite_t, "code_paths", list, where, f"{prefix}suite.", default=[]):
-        if not isinstance(item, str):
-            raise fail(where, f"`{prefix}suite.code_paths` entries must be strings, got {item!r}", "list paths as strings")
-        p = resolve_path(root, item, where, f"{prefix}suite.code_paths")
-        if not p.exists():
-            raise fail(where, f"`{prefix}suite.code_paths` entry {item!r} does not exist ({p})", "fix or remove the path")
-        code_paths.append(p)
-
-    engine_t = dict(tables["engine"])
+    name, db_url, code_paths = _suite_table(tables["suite"], path, where, prefix)
     sec = f"{prefix}engine."
-    kind = typed(engine_t, "kind", str, where, sec, default="vllm")
+    kind = typed(tables["engine"], "kind", str, where, sec, default="vllm")
     engine_cls = engine_class(kind)
     if engine_cls is None:
         raise fail(where, f"`{sec}kind` is {kind!r}", f"use one of: {', '.join(engine_kinds())}")
-    engine = engine_cls.parse_config(engine_t, root, where, sec)
-
-    sampling_t = tables["sampling"]
-    sec = f"{prefix}sampling."
-    check_keys(sampling_t, set(SAMPLING_KEYS), where, sec)
-    sampling: dict[str, Any] = {"temperature": 0.0, "max_tokens": 32, "logprobs": 5}
-    for key, types in SAMPLING_KEYS.items():
-        value = typed(sampling_t, key, types, where, sec)
-        if value is not None:
-            if key == "stop" and not all(isinstance(s, str) for s in value):
-                raise fail(where, f"`{sec}stop` entries must be strings, got {short(value)}",
-                            'list stop strings, e.g. stop = ["\\n\\n"]')
-            reason = not_json(value)
-            if reason:  # request hashes are canonical JSON: nan/inf cannot be identity
-                raise fail(where, f"`{sec}{key}` is {reason}", f"set `{key}` to a finite number")
-            # 1 and 1.0 must hash alike: numbers of float-valued parameters are stored as floats.
-            sampling[key] = float(value) if isinstance(types, tuple) and float in types else value
-    if sampling["max_tokens"] < 1:
-        raise fail(where, f"`{sec}max_tokens` must be >= 1", "set max_tokens to a positive integer")
-    if sampling["logprobs"] < 2:
-        raise fail(where, f"`{sec}logprobs` must be >= 2", "evalgate needs the top-2 logprobs for margins; use 2 or more")
-    if float(sampling["temperature"]) > 0 and "seed" not in sampling:
-        raise fail(where, f"`{sec}temperature` > 0 without `{sec}seed`", "set a sampling seed, or temperature = 0")
-
+    engine = engine_cls.parse_config(dict(tables["engine"]), root, where, sec)
+    sampling = _sampling_table(tables["sampling"], where, f"{prefix}sampling.")
     lm_eval = _lm_eval_config(tables["lm_eval"], root, where, f"{prefix}lm_eval.") if "lm_eval" in data else None
-
-    prompts_t = tables["prompts"]
-    sec = f"{prefix}prompts."
-    check_keys(prompts_t, {"file"}, where, sec)
-    file_s = typed(prompts_t, "file", str, where, sec)
-    prompts_file, prompts = None, []
-    if file_s:
-        prompts_file = resolve_path(root, file_s, where, f"{sec}file")
-        if not is_file(prompts_file):
-            state = "is a directory" if is_dir(prompts_file) else "does not exist" if not prompts_file.exists() else "is not a regular file"
-            raise fail(where, f"`{sec}file`: {prompts_file} {state}", "set it to an existing JSONL file (relative to the suite file)")
-        prompts = load_prompts(prompts_file)
-    elif lm_eval is None:
-        raise fail(where, f"`{sec}file` is missing",
-                    "set it to a JSONL file of {\"id\": ..., \"prompt\": ...} lines, or name lm-eval tasks in [lm_eval]")
-
-    sched_t = tables["schedule"]
-    sec = f"{prefix}schedule."
-    check_keys(sched_t, {"concurrency", "shuffles", "repeats", "seed", "hot_pass", "probes", "needle_batch",
-                         "needle_filler_tokens", "preset", "rotation"}, where, sec)
-    preset = typed(sched_t, "preset", str, where, sec, default=FULL)
-    if preset not in PRESETS:
-        raise fail(where, f"`{sec}preset` is {preset!r}", f"use one of {', '.join(map(repr, PRESETS))} (docs/conditions.md)")
-    concurrency = typed(sched_t, "concurrency", list, where, sec, default=[1, 8])
-    if not concurrency or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in concurrency):
-        raise fail(where, f"`{sec}concurrency` must be a non-empty list of positive integers", "e.g. concurrency = [1, 8, 32]")
-    schedule = Schedule(
-        concurrency=tuple(concurrency),
-        shuffles=typed(sched_t, "shuffles", int, where, sec, default=1 if preset == FULL else 0),
-        repeats=typed(sched_t, "repeats", int, where, sec, default=1),
-        seed=typed(sched_t, "seed", int, where, sec, default=0),
-        hot_pass=typed(sched_t, "hot_pass", bool, where, sec, default=True),
-        probes=parse_probes(sched_t.get("probes", []), where, sec),
-        needle_batch=typed(sched_t, "needle_batch", int, where, sec, default=64),
-        needle_filler_tokens=typed(sched_t, "needle_filler_tokens", int, where, sec, default=0),
-        preset=preset,
-        rotation=typed(sched_t, "rotation", int, where, sec, default=16),
-    )
-    if "rotation" in sched_t and preset != ROTATING:
-        raise fail(where, f"`{sec}rotation` is a setting of the rotating preset", 'add `preset = "rotating"` or remove it')
-    problem = rotating_problem(schedule) if preset == ROTATING else None
-    if problem:
-        setting, why, fix = problem
-        raise fail(where, f"`{sec}{setting}` {why}", fix)
-    if schedule.needle_batch < 1 or schedule.needle_filler_tokens < 0:
-        raise fail(where, f"`{sec}needle_batch` must be >= 1 and `{sec}needle_filler_tokens` >= 0 (0: automatic)",
-                   "e.g. needle_batch = 16, needle_filler_tokens = 256")
-    if schedule.shuffles < 0 or schedule.repeats < 1:
-        raise fail(where, f"`{sec}shuffles` must be >= 0 and `{sec}repeats` >= 1", "fix the schedule counts")
+    prompts_file, prompts = _prompts_table(tables["prompts"], root, where, f"{prefix}prompts.", tasks=lm_eval is not None)
+    schedule = _schedule_table(tables["schedule"], where, f"{prefix}schedule.")
     if "load" in data:
         if not engine_cls.accepts_load:
             raise fail(where, f"[{prefix}load] needs a server engine (filler traffic is sent over HTTP)",
-                        'set `engine.kind` to "openai" or "vllm-server", or remove [load] (docs/server.md)')
+                       'set `engine.kind` to "openai" or "vllm-server", or remove [load] (docs/server.md)')
         schedule = dataclasses.replace(schedule, load=parse_load(tables["load"], where, f"{prefix}load.", schedule.concurrency))
 
     # A database from the file is relative to the file; one given on the command line (--db), to the cwd.
@@ -277,6 +196,100 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
         code_paths=code_paths, database=db, lm_eval=lm_eval, server=engine.server, cost_table=data.get("cost"),
         gate=parse_gate_table(tables["gate"], where, prefix),
     )
+
+
+def _suite_table(table: dict, path: Path, where: str, prefix: str) -> tuple[str, str, list[Path]]:
+    """[suite]: the name (default: the file's), the database URL as written, the declared code paths."""
+    sec = f"{prefix}suite."
+    check_keys(table, {"name", "database", "code_paths"}, where, sec)
+    name = typed(table, "name", str, where, sec, default=path.parent.name if prefix else path.stem)
+    db_url = typed(table, "database", str, where, sec, default=DEFAULT_DATABASE)
+    code_paths = []
+    for item in typed(table, "code_paths", list, where, sec, default=[]):
+        if not isinstance(item, str):
+            raise fail(where, f"`{sec}code_paths` entries must be strings, got {item!r}", "list paths as strings")
+        p = resolve_path(path.parent, item, where, f"{sec}code_paths")
+        if not p.exists():
+            raise fail(where, f"`{sec}code_paths` entry {item!r} does not exist ({p})", "fix or remove the path")
+        code_paths.append(p)
+    return name, db_url, code_paths
+
+
+def _sampling_table(table: dict, where: str, sec: str) -> dict[str, Any]:
+    """[sampling]: vLLM's sampling parameters, greedy by default, each value checked and hashable."""
+    check_keys(table, set(SAMPLING_KEYS), where, sec)
+    sampling: dict[str, Any] = {"temperature": 0.0, "max_tokens": 32, "logprobs": 5}
+    for key, types in SAMPLING_KEYS.items():
+        value = typed(table, key, types, where, sec)
+        if value is not None:
+            if key == "stop" and not all(isinstance(s, str) for s in value):
+                raise fail(where, f"`{sec}stop` entries must be strings, got {short(value)}",
+                           'list stop strings, e.g. stop = ["\\n\\n"]')
+            reason = not_json(value)
+            if reason:  # request hashes are canonical JSON: nan/inf cannot be identity
+                raise fail(where, f"`{sec}{key}` is {reason}", f"set `{key}` to a finite number")
+            # 1 and 1.0 must hash alike: numbers of float-valued parameters are stored as floats.
+            sampling[key] = float(value) if isinstance(types, tuple) and float in types else value
+    if sampling["max_tokens"] < 1:
+        raise fail(where, f"`{sec}max_tokens` must be >= 1", "set max_tokens to a positive integer")
+    if sampling["logprobs"] < 2:
+        raise fail(where, f"`{sec}logprobs` must be >= 2", "evalgate needs the top-2 logprobs for margins; use 2 or more")
+    if float(sampling["temperature"]) > 0 and "seed" not in sampling:
+        raise fail(where, f"`{sec}temperature` > 0 without `{sec}seed`", "set a sampling seed, or temperature = 0")
+    return sampling
+
+
+def _prompts_table(table: dict, root: Path, where: str, sec: str, *, tasks: bool) -> tuple[Path | None, list[Prompt]]:
+    """[prompts]: the prompts file and its prompts; a suite of lm-eval tasks alone may have none."""
+    check_keys(table, {"file"}, where, sec)
+    file_s = typed(table, "file", str, where, sec)
+    if not file_s:
+        if tasks:
+            return None, []
+        raise fail(where, f"`{sec}file` is missing",
+                   "set it to a JSONL file of {\"id\": ..., \"prompt\": ...} lines, or name lm-eval tasks in [lm_eval]")
+    prompts_file = resolve_path(root, file_s, where, f"{sec}file")
+    if not is_file(prompts_file):
+        state = ("is a directory" if is_dir(prompts_file) else "does not exist" if not prompts_file.exists()
+                 else "is not a regular file")
+        raise fail(where, f"`{sec}file`: {prompts_file} {state}", "set it to an existing JSONL file (relative to the suite file)")
+    return prompts_file, load_prompts(prompts_file)
+
+
+def _schedule_table(table: dict, where: str, sec: str) -> Schedule:
+    """[schedule]: the passes a run makes (runtime knobs, never identity), and the probes it adds."""
+    check_keys(table, {"concurrency", "shuffles", "repeats", "seed", "hot_pass", "probes", "needle_batch",
+                       "needle_filler_tokens", "preset", "rotation"}, where, sec)
+    preset = typed(table, "preset", str, where, sec, default=FULL)
+    if preset not in PRESETS:
+        raise fail(where, f"`{sec}preset` is {preset!r}", f"use one of {', '.join(map(repr, PRESETS))} (docs/conditions.md)")
+    concurrency = typed(table, "concurrency", list, where, sec, default=[1, 8])
+    if not concurrency or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in concurrency):
+        raise fail(where, f"`{sec}concurrency` must be a non-empty list of positive integers", "e.g. concurrency = [1, 8, 32]")
+    schedule = Schedule(
+        concurrency=tuple(concurrency),
+        shuffles=typed(table, "shuffles", int, where, sec, default=1 if preset == FULL else 0),
+        repeats=typed(table, "repeats", int, where, sec, default=1),
+        seed=typed(table, "seed", int, where, sec, default=0),
+        hot_pass=typed(table, "hot_pass", bool, where, sec, default=True),
+        probes=parse_probes(table.get("probes", []), where, sec),
+        needle_batch=typed(table, "needle_batch", int, where, sec, default=64),
+        needle_filler_tokens=typed(table, "needle_filler_tokens", int, where, sec, default=0),
+        preset=preset,
+        rotation=typed(table, "rotation", int, where, sec, default=16),
+    )
+    if "rotation" in table and preset != ROTATING:
+        raise fail(where, f"`{sec}rotation` is a setting of the rotating preset", 'add `preset = "rotating"` or remove it')
+    problem = rotating_problem(schedule) if preset == ROTATING else None
+    if problem:
+        setting, why, fix = problem
+        raise fail(where, f"`{sec}{setting}` {why}", fix)
+    if schedule.needle_batch < 1 or schedule.needle_filler_tokens < 0:
+        raise fail(where, f"`{sec}needle_batch` must be >= 1 and `{sec}needle_filler_tokens` >= 0 (0: automatic)",
+                   "e.g. needle_batch = 16, needle_filler_tokens = 256")
+    if schedule.shuffles < 0 or schedule.repeats < 1:
+        raise fail(where, f"`{sec}shuffles` must be >= 0 and `{sec}repeats` >= 1", "fix the schedule counts")
+    return schedule
 
 
 def with_fail_on(suite: Suite, fail_on: str) -> Suite:

@@ -6,7 +6,7 @@ for production traffic. Token-level records come through the API: `return_token_
 ids), `logprobs: k` with `return_tokens_as_token_ids` (top-k keyed by token id, never by text, which can
 collide), and `prompt_logprobs: k` for lm-eval's scoring requests (the token ids are sent as the prompt).
 The server serializes vLLM's float32 logprobs as the shortest float64 repr, so `json.loads` gives the same
-float64 bits the in-process engine records (tests/test_e2e_server.py compares them token for token).
+float64 bits the in-process engine records (tests/e2e/test_e2e_server.py compares them token for token).
 
 Transport failures (connection refused or reset, timeouts, HTTP 429/5xx) are retried with exponential
 backoff up to `engine.retries`, then the run fails (exit 3) naming the requests; a retried request is

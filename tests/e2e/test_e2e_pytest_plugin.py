@@ -1,7 +1,7 @@
 """The pytest plugin on real suites (real pytest in a subprocess): one test per request, failures carry the
 token diff, infrastructure problems are errors, pytest's JUnit gates on it. The plugin only renders what
 the gate decides, so it runs on the fake test engine (evalgate/engines/fake.py), whose batch-size effect on
-chosen requests stands in for real batch variance (tests/test_e2e_gate.py produces that on vLLM)."""
+chosen requests stands in for real batch variance (tests/e2e/test_e2e_gate.py produces that on vLLM)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Chat prompts (`messages` lines) through the engine interface, with the fake test engine: the tokenizer's
 chat template gives the prompt ids; a model without a template, or a template that refuses the messages,
 is a usage error naming the prompts file and line, before anything is stored. The real model and vLLM's
-own chat rendering: tests/test_smollm2.py."""
+own chat rendering: tests/e2e/test_smollm2.py."""
 
 from __future__ import annotations
 

@@ -505,7 +505,7 @@ def test_golden_json_fields_of_conditions():
                       "promoted", "counts", "changed_components", "batch_invariance", "requests", "metrics",
                       "task_changes", "factors", "cache_hits", "baseline_pairs", "not_run", "alone_coverage",
                       "gate", "differences"}
-    assert d["alone_coverage"] is None  # the full schedule; the rotating preset's: tests/test_rotation.py
+    assert d["alone_coverage"] is None  # the full schedule; the rotating preset's: tests/plumbing/test_rotation.py
     assert d["factors"][0] == {"factor": "prefix_cache", "comparison": "prefix cache cold→hot", "reference_pass": 0,
                                "pass": 1, "differing": 1, "compared": 1, "requests": 1, "keys": ["k"]}
     assert [f["factor"] for f in d["factors"]] == ["prefix_cache", "batch_size", "order"]

@@ -1,5 +1,5 @@
 """lm-eval suites without an engine: the [lm_eval] table, task discovery and data-path anchoring, request
-identity, and the answer format handed back to lm-eval. (End to end: tests/test_e2e_lm_eval.py.)"""
+identity, and the answer format handed back to lm-eval. (End to end: tests/e2e/test_e2e_lm_eval.py.)"""
 
 from __future__ import annotations
 

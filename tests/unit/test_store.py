@@ -1,7 +1,7 @@
 """The store: migrations, refusing foreign or newer databases, run round trips, baselines.
 
 Tests that take `db_url` run on SQLite and on PostgreSQL (the latter with EVALGATE_TEST_POSTGRES=1,
-tests/pg.py); the rest are about SQLite files. PostgreSQL's own refusals: tests/test_store_pg.py."""
+tests/pg.py); the rest are about SQLite files. PostgreSQL's own refusals: tests/unit/test_store_pg.py."""
 
 from __future__ import annotations
 
