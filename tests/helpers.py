@@ -4,7 +4,6 @@ a store that do not go through evalgate's own code."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -81,8 +80,12 @@ class InlineCLI:
         # the variables evalgate reads, as the subprocess would see them (CliRunner restores them after)
         env = {k: v for k, v in self.env.items() if os.environ.get(k) != v}
         env.update({k: None for k in os.environ if k.startswith(("EVALGATE_", "GITHUB_")) and k not in self.env})
-        with contextlib.chdir(self.cwd):
+        before = os.getcwd()
+        os.chdir(self.cwd)  # (contextlib.chdir is Python 3.11+)
+        try:
             result = CliRunner().invoke(app, [str(a) for a in args], env=env, catch_exceptions=True)
+        finally:
+            os.chdir(before)
         if result.exception is not None and not isinstance(result.exception, SystemExit):
             raise result.exception
         proc = Result(result.exit_code, result.stdout, result.stderr)

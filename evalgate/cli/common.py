@@ -28,7 +28,7 @@ def handled(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+        previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
         try:
             return fn(*args, **kwargs)
         except EvalgateError as exc:
@@ -48,6 +48,8 @@ def handled(fn):
                 raise
             err_console.print("  (set EVALGATE_DEBUG=1 for the traceback)")
             raise typer.Exit(int(ExitCode.INFRA))
+        finally:
+            signal.signal(signal.SIGTERM, previous)  # a library caller's (or a test runner's) own handler
 
     return wrapper
 

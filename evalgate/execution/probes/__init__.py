@@ -1,7 +1,8 @@
 """Probes: targeted passes for the places where batch invariance is known to break (vLLM's own
-determinism tests, tests/v1/determinism/). `[schedule] probes = [...]`; `probes = "vllm"` is all of the
-built-in ones. One probe is one class in one module of this package (base.py says what a probe holds);
-this module is the registry and the two places the runner asks it: planning and waves.
+determinism tests, tests/v1/determinism/). `[schedule] probes = [...]`; `probes = "vllm"` is vLLM's
+scenarios. One probe is one class in one module of this package (base.py says what a probe holds), named
+as its module, with `PROBE = TheClass` at its end: a new module is a new built-in probe, found without
+importing the others. This module is the registry and the two places the runner asks it: planning and waves.
 
 Third parties add probes through the `evalgate.probes` entry-point group, as engine kinds are added:
 
@@ -12,6 +13,7 @@ Third parties add probes through the `evalgate.probes` entry-point group, as eng
 from __future__ import annotations
 
 import json
+import pkgutil
 from functools import cache
 from typing import TYPE_CHECKING, Iterator
 
@@ -21,16 +23,10 @@ from .base import COMPANION_PREFIX, PlanContext, Probe, Wave, WaveContext
 if TYPE_CHECKING:
     from ...configuration.schedule import Pass
 
-BUILTIN_PROBES = {
-    "batch_edges": "evalgate.execution.probes.batch_edges:BatchEdges",
-    "needle": "evalgate.execution.probes.needle:Needle",
-    "prefix_cache": "evalgate.execution.probes.prefix_cache:PrefixCache",
-    "prefill_decode": "evalgate.execution.probes.prefill_decode:PrefillDecode",
-    "chunked_prefill": "evalgate.execution.probes.chunked_prefill:ChunkedPrefill",
-    "preemption": "evalgate.execution.probes.preemption:Preemption",
-}
+# vLLM's determinism scenarios, in the order their passes are planned (own engines last in any case)
+PRESETS = {"vllm": ("batch_edges", "needle", "prefix_cache", "prefill_decode", "chunked_prefill", "preemption")}
+BUILTIN_PROBES = {m.name: f"{__name__}.{m.name}:PROBE" for m in pkgutil.iter_modules(__path__) if m.name != "base"}
 PROBES = Registry("evalgate.probes", BUILTIN_PROBES)
-PRESETS = {"vllm": tuple(BUILTIN_PROBES)}  # vLLM's determinism scenarios
 
 
 def probe_names() -> tuple[str, ...]:

@@ -30,3 +30,6 @@ class BatchEdges(Probe):
 
     def label(self, reference, other) -> str:
         return f"batch size {reference.concurrency}→{other.concurrency} (batch edge)"
+
+
+PROBE = BatchEdges  # the registry finds a built-in probe by its module name (evalgate/execution/probes/__init__.py)

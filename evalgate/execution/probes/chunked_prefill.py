@@ -27,3 +27,6 @@ class ChunkedPrefill(Probe):
 
     def label(self, reference, other) -> str:
         return f"chunked prefill: unchunked→chunked ({other.engine_args})"
+
+
+PROBE = ChunkedPrefill  # the registry finds a built-in probe by its module name (evalgate/execution/probes/__init__.py)

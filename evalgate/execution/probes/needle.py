@@ -61,3 +61,6 @@ def needle_fillers(context: WaveContext) -> list[Prompt]:
         ids = (unit * (length // len(unit) + 2))[i % len(unit):][:length]
         fillers.append(Prompt(f"{COMPANION_PREFIX}filler-{i}", "", max_tokens=8, line=0, prompt_ids=tuple(ids)))
     return fillers
+
+
+PROBE = Needle  # the registry finds a built-in probe by its module name (evalgate/execution/probes/__init__.py)

@@ -43,3 +43,6 @@ class Preemption(Probe):
             return {"preemptions": preemptions}, None
         return {"preemptions": preemptions}, ("vLLM reported no preemption in this pass" if preemptions == 0 else
                                               "the engine does not report preemptions, so preemption is unproven")
+
+
+PROBE = Preemption  # the registry finds a built-in probe by its module name (evalgate/execution/probes/__init__.py)

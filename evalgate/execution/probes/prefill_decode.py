@@ -38,3 +38,6 @@ def rescoring(prompt: Prompt, prompt_ids: list[int], output_ids: list[int]) -> P
     """A scoring request for `output_ids` after `prompt_ids`: one prefill of the ids, never re-encoded text."""
     return Prompt(prompt.key, prompt.text, max_tokens=None, line=prompt.line, request_type="loglikelihood",
                   segments=((tuple(prompt_ids), tuple(output_ids)),), continuation="", location=prompt.location)
+
+
+PROBE = PrefillDecode  # the registry finds a built-in probe by its module name (evalgate/execution/probes/__init__.py)

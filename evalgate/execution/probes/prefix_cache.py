@@ -33,3 +33,6 @@ class PrefixCache(Probe):
 
     def label(self, reference, other) -> str:
         return "prefix cache cold→half the prompt cached (prefix_cache probe)"
+
+
+PROBE = PrefixCache  # the registry finds a built-in probe by its module name (evalgate/execution/probes/__init__.py)

@@ -1,0 +1,59 @@
+"""The probe registry: a built-in probe is one module of evalgate/execution/probes/, found by its name."""
+
+from __future__ import annotations
+
+import pytest
+
+from evalgate.configuration.schedule import HOT, Pass, Schedule, plan_passes
+from evalgate.execution.probes import BUILTIN_PROBES, PRESETS, PlanContext, Probe, get_probe, plan_probes, probe_names
+from evalgate.judgement.factors import SCHEDULE_FACTORS, comparison_label, factor_table, is_batch_factor, remedy, words
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_PROBES))
+def test_every_builtin_probe_is_its_module_and_its_factor_has_words_and_a_remedy(name):
+    probe = get_probe(name)
+    assert isinstance(probe, Probe) and probe.name == name
+    assert probe.factor in SCHEDULE_FACTORS or probe.words  # a factor of its own says how people read it
+    assert probe.factor in factor_table() and remedy(probe.factor)  # reports can name it and its remedy
+
+
+def test_presets_name_registered_probes_and_unknown_names_are_none():
+    assert all(set(names) <= set(BUILTIN_PROBES) for names in PRESETS.values())
+    assert set(BUILTIN_PROBES) <= set(probe_names())
+    assert get_probe("no-such-probe") is None
+    assert is_batch_factor("neighbours") and is_batch_factor("batch_size") and not is_batch_factor("prefix_cache")
+
+
+def context(**kwargs) -> PlanContext:
+    schedule = Schedule(concurrency=(1, 8), shuffles=0)
+    values = dict(schedule=schedule, passes=plan_passes(schedule), requests=8, generating=8, longest_prompt=100,
+                  max_model_len=512, capture_sizes=None, kv_block_size=128, starts_engines=True, prefix_caching=True)
+    return PlanContext(**{**values, **kwargs})
+
+
+def test_planning_puts_own_engines_last_and_says_why_a_probe_cannot_run():
+    ctx = context()
+    added, not_run = plan_probes(PRESETS["vllm"], ctx)
+    assert not_run == []
+    order = [p.probe for p in added]
+    assert order[-2:] == ["chunked_prefill", "preemption"] and all(p.engine_args for p in added[-2:])
+    assert [p.index for p in added] == list(range(len(ctx.passes), len(ctx.passes) + len(added)))
+    hot = next(p for p in added if p.probe == "prefix_cache")
+    assert (hot.cache, hot.factor, hot.reference) == (HOT, "prefix_cache", 0)
+    assert comparison_label(ctx.passes[0], hot) == "prefix cache cold→half the prompt cached (prefix_cache probe)"
+
+    _, not_run = plan_probes(("batch_edges", "prefill_decode", "prefix_cache", "preemption"),
+                             context(requests=2, generating=0, prefix_caching=False, starts_engines=False))
+    reasons = {n["pass"]: n["reason"] for n in not_run}
+    assert set(reasons) == {"probe batch_edges", "probe prefill_decode", "probe prefix_cache", "probe preemption"}
+    assert "needs at least 3" in reasons["probe batch_edges"]
+    assert "only the in-process `vllm` kind" in reasons["probe preemption"]
+
+
+def test_a_pass_recorded_with_the_old_factor_name_reads_as_today():
+    from evalgate.configuration.schedule import passes_of
+
+    record = {"passes": [Pass(0, 1, 0, None, salt_of=0).to_dict(),
+                         {**Pass(1, 1, 0, None, reference=0, factor="chunked_prefill", probe="chunked_prefill",
+                                 salt_of=1).to_dict(), "factor": "chunking"}]}
+    assert passes_of(record)[1].factor == "chunked_prefill" and words("chunking") == "chunked prefill"
