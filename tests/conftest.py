@@ -9,6 +9,10 @@ import os
 from pathlib import Path
 
 import pytest
+
+# rich fixes a console's width when it is made: the in-process CLI's consoles get the same width as the
+# subprocess CLI's (cli_env), so tests read unwrapped lines either way
+os.environ["COLUMNS"] = "200"
 from helpers import CLI, SQLITE_IN_SUITE_DIR, TEST_ENV, InlineCLI, bare_model, cached_model
 
 pytest_plugins = ["pg", "variance"]  # tests/pg.py: a throwaway PostgreSQL server when EVALGATE_TEST_POSTGRES=1;

@@ -151,8 +151,8 @@ def perturb(model_dir: Path, tensor: str = PERTURBED_TENSOR, scale: float = PERT
 
 def example_tasks_dir() -> Path:
     """examples/lm_eval/tasks ships inside the wheel as evalgate/example_tasks; a checkout has it at the top."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "example_tasks", here.parent / "examples" / "lm_eval" / "tasks"):
+    package = Path(__file__).resolve().parents[1]  # evalgate/ (this module is evalgate/models/demo.py)
+    for candidate in (package / "example_tasks", package.parent / "examples" / "lm_eval" / "tasks"):
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError("evalgate's example lm-eval tasks are missing from this installation; reinstall evalgate")

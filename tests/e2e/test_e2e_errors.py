@@ -59,7 +59,7 @@ def test_database_from_newer_schema_is_refused_untouched(cli, tmp_path, tiny_mod
     from evalgate.store import open_store
 
     db = tmp_path / "evalgate.sqlite"
-    open_store(f"sqlite:///{db}").engine.dispose()  # a real evalgate database...
+    open_store(f"sqlite:///{db}").database.dispose()  # a real evalgate database...
     conn = sqlite3.connect(db)  # ...as a future evalgate would leave it
     with conn:
         conn.execute("update alembic_version set version_num = '9999_from_the_future'")
@@ -97,7 +97,7 @@ def test_accept_unknown_run(cli, tmp_path, tiny_model):
     from evalgate.store import open_store
 
     suite = write_suite(tmp_path, tiny_model, ["hello"])
-    open_store(f"sqlite:///{tmp_path / 'evalgate.sqlite'}").engine.dispose()
+    open_store(f"sqlite:///{tmp_path / 'evalgate.sqlite'}").database.dispose()
     proc = cli("baseline", "accept", "42", "--suite", suite, check=2)
     assert "run 42 does not exist" in proc.stderr
 

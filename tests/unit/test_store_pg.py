@@ -161,7 +161,7 @@ def test_unreachable_server_is_an_infrastructure_error_without_the_password(pg_s
 
 OPENER = r"""
 import os, sys, time
-sys.path.insert(0, sys.argv[3])
+sys.path[:0] = [sys.argv[3], os.path.dirname(sys.argv[3])]  # test_store, and the helpers it imports
 from evalgate.store import Store
 from evalgate.configuration.suite import load_suite
 from test_store import PROMPT_IDS, fingerprint
