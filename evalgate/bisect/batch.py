@@ -148,16 +148,11 @@ def _tokens(c: Completion, limit: int = 12) -> str:
     return f"[{ids}] {c.text[:80]!r}"
 
 
-def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro_dir: Path | None = None,
-                 bounds: Bounds | None = None, on_trial: TrialCallback | None = None) -> BatchResult:
-    from ..execution.worker import call_in_worker, engine_log_path
-
-    if on not in ("auto", "tokens", "bits"):
-        raise ConfigError(f"--on {on!r}: expected tokens, bits or auto", fix="use --on tokens, --on bits or --on auto")
-    if repro_dir is not None and Path(repro_dir).exists() and (not Path(repro_dir).is_dir() or any(Path(repro_dir).iterdir())):
-        raise ConfigError(f"{repro_dir} exists and is not an empty directory",
-                          fix="name a new directory for --repro (or remove the old one)")
-    record = store.load(run_id)
+def flipping_wave(record, run_id: int, key: str) -> tuple[Completion, Completion, list[str], list[str], list[str]]:
+    """What the batch bisector takes apart: the request's reference output (its first pass, alone), the
+    crowded output that differs from it, that wave's order (the request and its rebuildable neighbours),
+    the neighbours, and the lm-eval scoring neighbours left out. A ConfigError, naming the fix, where the
+    request's variance is not about who shared its batch."""
     check_request(record, key)
     completions = record.outputs[key]
     passes = passes_of(record.run.schedule)
@@ -194,6 +189,20 @@ def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro
         raise ConfigError(f"request {key!r} of run {run_id}: its crowded wave holds only lm-eval scoring requests, "
                           "which cannot be rebuilt from the store", fix="bisect a run of generation requests")
     order = [c.key for c in wave if c.key not in skipped]  # target + neighbours, recorded submission order
+    return reference, other, order, neighbours, skipped
+
+
+def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro_dir: Path | None = None,
+                 bounds: Bounds | None = None, on_trial: TrialCallback | None = None) -> BatchResult:
+    from ..execution.worker import call_in_worker, engine_log_path
+
+    if on not in ("auto", "tokens", "bits"):
+        raise ConfigError(f"--on {on!r}: expected tokens, bits or auto", fix="use --on tokens, --on bits or --on auto")
+    if repro_dir is not None and Path(repro_dir).exists() and (not Path(repro_dir).is_dir() or any(Path(repro_dir).iterdir())):
+        raise ConfigError(f"{repro_dir} exists and is not an empty directory",
+                          fix="name a new directory for --repro (or remove the old one)")
+    record = store.load(run_id)
+    reference, other, order, neighbours, skipped = flipping_wave(record, run_id, key)
     divergence = first_divergence(reference, other)
     criterion = criterion_of(divergence) if on == "auto" else on
     source = f"pass {other.pass_index} (concurrency {other.concurrency}), wave {other.wave}"

@@ -12,7 +12,7 @@ import json
 import os
 import time
 import uuid
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Iterator
 
 from ..configuration.prompts import SCORING_TYPES
@@ -128,40 +128,64 @@ def incomplete_on_failure(store: Store, run_id: int, context: str = ""):
         raise
 
 
+@dataclass
+class RunPlan:
+    """What a run will do, decided before its run row exists: the requests (tasks built, this shard's),
+    their prompt ids, the identity, the schedule with its rotation turn, the passes (probes' included) and
+    what of it cannot run here. `record_run` executes it; nothing about it changes while the passes run."""
+
+    suite: Suite
+    schedule: Schedule
+    prompt_ids: dict[str, list[int]]
+    fingerprint: dict
+    passes: list[Pass]
+    not_run: list[dict]
+    salt: str | None  # one per run, so a server that outlives runs never serves a cold pass from an earlier run
+    cold_waves: bool = False  # every wave from an empty prefix cache (bisect trials)
+
+    def schedule_record(self) -> dict:
+        """The run's stored `schedule`: the knobs, the passes and their conditions, and the judging policy."""
+        return {**asdict(self.schedule), "passes": [p.to_dict() for p in self.passes], "not_run": list(self.not_run),
+                "cold_by": "cache_salt" if self.salt else None,
+                "gate": self.suite.gate.to_dict()}  # the judging policy: recorded, never identity
+
+
+def plan_run(suite: Suite, engine: Engine, schedule: Schedule, prompt_ids: dict[str, list[int]], fingerprint: dict, *,
+             cold_waves: bool = False) -> RunPlan:
+    """The plan of a run of these requests (`tokenize_prompts`) on this engine."""
+    passes, not_run = plan_for(schedule, engine, suite, prompt_ids)
+    salt = uuid.uuid4().hex[:16] if engine.salts_cache else None
+    return RunPlan(suite, schedule, prompt_ids, fingerprint, passes, not_run, salt, cold_waves)
+
+
 def record_run(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Schedule, timings: Timings,
                progress: Progress | None = None, on_run: Callable[[int], None] | None = None,
                labels: dict | None = None, cold_waves: bool = False) -> int:
-    """Run every pass of the schedule and store it; returns the run id (status still `running`).
-    `cold_waves`: reset the engine's prefix cache before each wave (engines that have one).
+    """Plan the run, create its row, run every pass of the plan and store it; returns the run id (status
+    still `running`). `cold_waves`: reset the engine's prefix cache before each wave (engines that have one).
 
     The database is opened only once the engine is up and every prompt fits, so a configuration error
     never leaves a database or a run behind."""
     from ..store import open_store
 
-    start = time.perf_counter()
-    prompt_ids = tokenize_prompts(suite, engine)
-    fingerprint = build_fingerprint(suite, engine)
-    store = open_store(url)
-    if schedule.preset == ROTATING:
-        schedule = replace(schedule, turn=rotation_turn(store, suite.name))
-    passes, not_run = plan_for(schedule, engine, suite, prompt_ids)
-    # One salt per run: a server that outlives runs (kind `openai`) never serves a cold pass from an earlier run.
-    salt = uuid.uuid4().hex[:16] if engine.salts_cache else None
-    schedule_record = {**asdict(schedule), "passes": [p.to_dict() for p in passes], "not_run": not_run,
-                       "cold_by": "cache_salt" if salt else None,
-                       "gate": suite.gate.to_dict()}  # the judging policy: recorded, never identity
-    run_id = store.create_run(suite, kind, schedule_record, fingerprint, prompt_ids, **(labels or {}))
+    with timings.phase("evalgate"):
+        prompt_ids = tokenize_prompts(suite, engine)  # a prompt that does not fit: ConfigError, nothing stored
+        fingerprint = build_fingerprint(suite, engine)
+        store = open_store(url)
+        if schedule.preset == ROTATING:
+            schedule = replace(schedule, turn=rotation_turn(store, suite.name))
+        plan = plan_run(suite, engine, schedule, prompt_ids, fingerprint, cold_waves=cold_waves)
+        record = plan.schedule_record()
+        run_id = store.create_run(suite, kind, record, plan.fingerprint, plan.prompt_ids, **(labels or {}))
     if on_run:
         on_run(run_id)
-    timings.add("evalgate", time.perf_counter() - start)
     with incomplete_on_failure(store, run_id):
-        dropped = _run_passes(suite, store, engine, run_id, passes, timings, progress, schedule=schedule,
-                              prompt_ids=prompt_ids, cold_waves=cold_waves, salt=salt)
+        dropped = _run_passes(plan, store, engine, run_id, timings, progress)
         if dropped:  # planned, but could not run after all: not a pass to judge, a reason to report
             gone = {p.index for p, _ in dropped}
-            schedule_record["passes"] = [p for p in schedule_record["passes"] if p["index"] not in gone]
-            schedule_record["not_run"] += [{"pass": f"probe {p.probe}", "reason": reason} for p, reason in dropped]
-            store.update_schedule(run_id, schedule_record)
+            record["passes"] = [p for p in record["passes"] if p["index"] not in gone]
+            record["not_run"] += [{"pass": f"probe {p.probe}", "reason": reason} for p, reason in dropped]
+            store.update_schedule(run_id, record)
     return run_id
 
 
@@ -233,11 +257,11 @@ def probe_engine(suite: Suite, current: Engine, pass_: Pass, timings: Timings) -
         return start_engine(replace(suite, engine_args={**suite.engine_args, **json.loads(pass_.engine_args)}))
 
 
-def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes: list[Pass], timings: Timings,
-                progress: Progress | None, *, schedule: Schedule, prompt_ids: dict[str, list[int]],
-                cold_waves: bool = False, salt: str | None = None) -> list[tuple[Pass, str]]:
-    """Every pass, stored pass by pass. Returns the passes that could not run after all, with the reason
-    (a probe whose own engine did not start, or whose engine never preempted)."""
+def _run_passes(plan: RunPlan, store: Store, engine: Engine, run_id: int, timings: Timings,
+                progress: Progress | None) -> list[tuple[Pass, str]]:
+    """Every pass of the plan, stored pass by pass. Returns the passes that could not run after all, with
+    the reason (a probe whose own engine did not start, or whose engine never preempted)."""
+    suite, schedule, passes, prompt_ids, salt = plan.suite, plan.schedule, plan.passes, plan.prompt_ids, plan.salt
     dropped: list[tuple[Pass, str]] = []
     by_key = {p.key: p for p in suite.prompts}
     keys = [p.key for p in suite.prompts]
@@ -261,7 +285,7 @@ def _run_passes(suite: Suite, store: Store, engine: Engine, run_id: int, passes:
         with (engine.under_load(load, pass_) if loaded else contextlib.nullcontext({})) as load_stats:
             context = WaveContext(schedule, engine, by_key, prompt_ids, first_pass)
             for wave_index, wave in enumerate(pass_waves(pass_, keys, context)):
-                if cold_waves:
+                if plan.cold_waves:
                     engine.reset_cache()
                 t0 = time.perf_counter()
                 completions = (engine.generate(wave.prompts, cache_salt=f"{salt}-{pass_.salt_of}") if salt
