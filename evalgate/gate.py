@@ -18,7 +18,7 @@ from .fingerprint import component, hardware_component
 from .fingerprint import delta as fingerprint_delta
 from .judgement.scores import compare_scores, task_changes
 from .judgement.verdict import Report, judge
-from .store import Run, Store, existing_store, open_store
+from .store import Run, RunRecord, Store, existing_store, open_store
 
 
 def _database(suite: Suite, store: Store | str | None) -> str:
@@ -29,13 +29,19 @@ def _database(suite: Suite, store: Store | str | None) -> str:
 
 def judge_runs(store: Store, run_id: int, baseline_run_id: int | None, *, kind: str, strict: bool = False,
                in_scope=lambda key: True) -> Report:
-    """The whole judgement of a stored run, built in one place: its verdicts against the baseline run (or
-    none), and beside them the lm-eval metrics, what changed in the tasks' identity, the rotating preset's
-    alone coverage and where the engine's own output went."""
-    current = store.load(run_id)
+    """The whole judgement of a stored run against the baseline run (or none): `judge_records` on both."""
     baseline = store.load(baseline_run_id) if baseline_run_id is not None else None
+    return judge_records(store, store.load(run_id), baseline, kind=kind, strict=strict, in_scope=in_scope)
+
+
+def judge_records(store: Store, current: RunRecord, baseline: RunRecord | None, *, kind: str, strict: bool = False,
+                  in_scope=lambda key: True) -> Report:
+    """The whole judgement, built in one place: the verdicts and beside them the lm-eval metrics, what
+    changed in the tasks' identity, the rotating preset's alone coverage and where the engine's own output
+    went."""
     report = judge(current, baseline, kind=kind, strict=strict, in_scope=in_scope)
-    report.metrics = compare_scores(store, run_id, baseline_run_id, {v.key: v.verdict for v in report.verdicts})
+    report.metrics = compare_scores(store, current.id, baseline.id if baseline else None,
+                                    {v.key: v.verdict for v in report.verdicts})
     report.task_changes = task_changes(baseline.fingerprint, current.fingerprint) if baseline else {}
     schedule = current.run.schedule or {}
     if schedule.get("preset") == ROTATING:
@@ -58,10 +64,12 @@ def judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: i
     timings = timings if timings is not None else Timings()
     try:
         with timings.phase("evalgate"):
-            report = judge_runs(store, run_id, baseline_run_id, kind=kind, strict=strict,
-                                in_scope=shard.contains if shard else (lambda key: True))
+            current = store.load(run_id)
+            baseline = store.load(baseline_run_id) if baseline_run_id is not None else None
+            report = judge_records(store, current, baseline, kind=kind, strict=strict,
+                                   in_scope=shard.contains if shard else (lambda key: True))
             report.promoted = promotes(report, allow_variance=allow_variance, shard=shard)
-        stored = store.get_run(run_id).schedule or {}
+        stored = current.run.schedule or {}
         store.finish_run(
             run_id, status="complete", verdict=report.status, exit_code=int(report.exit_code),
             summary=report.counts, verdicts=[v.to_dict() for v in report.verdicts if v.verdict != "stable"],

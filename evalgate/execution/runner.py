@@ -24,7 +24,7 @@ from ..errors import ConfigError, EngineError, EvalgateError
 from ..fingerprint import build_fingerprint
 from ..records import Completion
 from ..store import Store
-from .probes import Wave, WaveContext, get_probe, probe_waves
+from .probes import Wave, WaveContext, get_probe
 
 # progress(done, total, label): requests completed across all passes.
 Progress = Callable[[int, int, str], None]
@@ -243,7 +243,7 @@ def plan_for(schedule: Schedule, engine: Engine, suite: Suite,
 def pass_waves(pass_: Pass, keys: list[str], context: WaveContext) -> Iterator[Wave]:
     """The waves of a pass: the schedule's (every request recorded), or a probe's (execution/probes/)."""
     if pass_.probe:
-        yield from probe_waves(pass_, keys, context)
+        yield from get_probe(pass_.probe).waves(pass_, keys, context)
         return
     for wave in waves(keys, pass_):
         yield Wave.of([context.prompts[k] for k in wave])

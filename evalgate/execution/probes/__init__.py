@@ -2,7 +2,7 @@
 determinism tests, tests/v1/determinism/). `[schedule] probes = [...]`; `probes = "vllm"` is vLLM's
 scenarios. One probe is one class in one module of this package (base.py says what a probe holds), named
 as its module, with `PROBE = TheClass` at its end: a new module is a new built-in probe, found without
-importing the others. This module is the registry and the two places the runner asks it: planning and waves.
+importing the others. This module is the registry and plans the probes' passes.
 
 Third parties add probes through the `evalgate.probes` entry-point group, as engine kinds are added:
 
@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import json
 import pkgutil
+from dataclasses import replace
 from functools import cache
-from typing import TYPE_CHECKING, Iterator
 
+from ...configuration.schedule import Pass
 from ...registry import Registry
 from .base import COMPANION_PREFIX, PlanContext, Probe, Wave, WaveContext
-
-if TYPE_CHECKING:
-    from ...configuration.schedule import Pass
 
 # vLLM's determinism scenarios, in the order their passes are planned (own engines last in any case)
 PRESETS = {"vllm": ("batch_edges", "needle", "prefix_cache", "prefill_decode", "chunked_prefill", "preemption")}
@@ -43,10 +41,6 @@ def get_probe(name: str) -> Probe | None:
 def plan_probes(names: tuple[str, ...], context: PlanContext) -> tuple[list[Pass], list[dict]]:
     """The probe passes (appended after the schedule's; those with an engine of their own last) and the
     probes that cannot run, with the reason."""
-    from dataclasses import replace
-
-    from ...configuration.schedule import Pass
-
     added: list[Pass] = []
     not_run: list[dict] = []
     probes = [get_probe(name) for name in names]
@@ -74,10 +68,5 @@ def plan_probes(names: tuple[str, ...], context: PlanContext) -> tuple[list[Pass
     return added, not_run
 
 
-def probe_waves(pass_: Pass, keys: list[str], context: WaveContext) -> Iterator[Wave]:
-    """The waves of one probe pass."""
-    yield from get_probe(pass_.probe).waves(pass_, keys, context)
-
-
 __all__ = ["BUILTIN_PROBES", "COMPANION_PREFIX", "PRESETS", "PROBES", "PlanContext", "Probe", "Wave", "WaveContext",
-           "get_probe", "plan_probes", "probe_names", "probe_waves"]
+           "get_probe", "plan_probes", "probe_names"]
