@@ -157,7 +157,7 @@ def _call_inline(job, kwargs: dict, *, url: str | None, progress: Progress | Non
 
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             open_store(url).mark_incomplete(run_ids[-1], status, str(exc) or status)
-        if isinstance(exc, EvalgateError) or isinstance(exc, KeyboardInterrupt):
+        if isinstance(exc, (EvalgateError, KeyboardInterrupt)):
             raise
         raise EngineError(f"{type(exc).__name__}: {exc}") from exc  # as the child reports it
     finally:
