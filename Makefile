@@ -27,10 +27,10 @@ test-fast: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
-# The gate at GPU speed (issue "a check that costs little more than one crowded pass"): the store's write,
-# load+compare and size; the rotating preset's findings and engine time against the full schedule's; and
-# `evalgate check` against raw vLLM doing the same passes. Each prints its figures side by side, as ratios.
+# Every figure before and after, in one run (benchmarks/before_after.py): the store's write, load+judge and
+# size, the CLI's start, and `evalgate check` against raw vLLM doing the same passes (the suite and one 10x
+# larger), on the landed commit before arrays and on this tree. Then the rotating preset's findings and
+# engine time against the full schedule's (two schedules of this tree, side by side).
 bench: setup
-	$(VENV)/bin/python benchmarks/store_speed.py
+	$(VENV)/bin/python benchmarks/before_after.py
 	$(VENV)/bin/python benchmarks/rotation_speed.py --rotation 8 16
-	$(VENV)/bin/python benchmarks/check_vs_raw.py

@@ -1,12 +1,14 @@
-"""`evalgate check` wall time against raw vLLM doing the same passes in one process, on the tiny suite.
+"""`evalgate check` wall time against raw vLLM doing the same passes in one process, on the tiny model.
 
 Both are fresh processes timed from the outside, alternating: the raw script imports vLLM, starts
 `vllm.LLM` with the suite's engine settings and generates the check's passes (the same waves, cache
 salts, sampling and top-k); `evalgate check` does that plus everything it adds (CLI, the engine's
 supervised process, tokenizing, fingerprinting, storing, loading the baseline, judging, reporting).
-Prints the medians and the ratio; not a test.
+Prints the medians and the ratio; not a test. The default workload is the one the store issue was
+measured on from outside: 54 prompts x 16 tokens, passes at concurrency 1, 4, 16 and 16 shuffled, no hot
+pass; `--prompts 540` is the suite 10x larger.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/check_vs_raw.py [--prompts 32] [--max-tokens 32] [--repeats 2]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/check_vs_raw.py [--prompts 54] [--max-tokens 16] [--repeats 3] [--json]
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ print(tokens)
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=54)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON line (before_after.py)")
     args = parser.parse_args()
 
     from evalgate.configuration.schedule import plan_passes, waves
@@ -74,6 +77,10 @@ max_tokens = {args.max_tokens}
 logprobs = 5
 [prompts]
 file = "prompts.jsonl"
+[schedule]
+concurrency = [1, 4, 16]
+shuffles = 1
+hot_pass = false
 """)
     suite = load_suite(suite_file)
     keys = [p.key for p in suite.prompts]
@@ -97,6 +104,10 @@ file = "prompts.jsonl"
         raw.append(timed([sys.executable, str(work / "raw.py"), str(work / "plan.json")]))
         check.append(timed([*evalgate, "check", str(suite_file)]))
     r, c = statistics.median(raw), statistics.median(check)
+    if args.json:
+        label = f"check vs raw vLLM, {args.prompts} prompts"
+        print(json.dumps({f"{label}: raw s": r, f"{label}: check s": c, f"{label}: ratio": c / r}))
+        return
     print(f"check vs raw vLLM: {args.prompts} prompts x {args.max_tokens} tokens, {len(plan['passes'])} passes, "
           f"tiny fp32; load average {os.getloadavg()[0]:.2f}")
     print(f"raw vLLM in one process  {r:6.1f} s  (runs: {', '.join(f'{x:.1f}' for x in raw)})")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from .collector import collector_paused
 from .configuration.schedule import ROTATING, Schedule, rotating_problem, with_overrides
 from .configuration.shard import Shard
 from .configuration.suite import Suite
@@ -30,8 +31,9 @@ def _database(suite: Suite, store: Store | str | None) -> str:
 def judge_runs(store: Store, run_id: int, baseline_run_id: int | None, *, kind: str, strict: bool = False,
                in_scope=lambda key: True) -> Report:
     """The whole judgement of a stored run against the baseline run (or none): `judge_records` on both."""
-    baseline = store.load(baseline_run_id) if baseline_run_id is not None else None
-    return judge_records(store, store.load(run_id), baseline, kind=kind, strict=strict, in_scope=in_scope)
+    with collector_paused():
+        baseline = store.load(baseline_run_id) if baseline_run_id is not None else None
+        return judge_records(store, store.load(run_id), baseline, kind=kind, strict=strict, in_scope=in_scope)
 
 
 def judge_records(store: Store, current: RunRecord, baseline: RunRecord | None, *, kind: str, strict: bool = False,
@@ -63,7 +65,7 @@ def judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: i
     Anything that fails here leaves the run incomplete, never complete."""
     timings = timings if timings is not None else Timings()
     try:
-        with timings.phase("evalgate"):
+        with timings.phase("evalgate"), collector_paused():
             current = store.load(run_id)
             baseline = store.load(baseline_run_id) if baseline_run_id is not None else None
             report = judge_records(store, current, baseline, kind=kind, strict=strict,

@@ -140,11 +140,11 @@ class BatchResult:
 
 
 def _out(c: Completion | None) -> dict | None:
-    return None if c is None else {"token_ids": c.output_ids, "text": c.text}
+    return None if c is None else {"token_ids": c.output_ids.tolist(), "text": c.text}
 
 
 def _tokens(c: Completion, limit: int = 12) -> str:
-    ids = " ".join(str(t) for t in c.output_ids[:limit]) + (" ..." if len(c.output_ids) > limit else "")
+    ids = " ".join(str(t) for t in c.output_ids[:limit].tolist()) + (" ..." if len(c.output_ids) > limit else "")
     return f"[{ids}] {c.text[:80]!r}"
 
 
@@ -320,7 +320,7 @@ class _Trials:
         def trial() -> TrialOutcome:
             c = self.run(keys)
             got.append(c)
-            detail: dict[str, Any] = {"output_ids": c.output_ids}
+            detail: dict[str, Any] = {"output_ids": c.output_ids.tolist()}
             if self.reference is None:
                 return TrialOutcome("reference", detail=detail)
             div = first_divergence(self.reference, c)

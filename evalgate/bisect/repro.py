@@ -83,7 +83,7 @@ def criterion_of(divergence: Divergence) -> str:
 
 
 def output_doc(c: Completion) -> dict:
-    return {"token_ids": list(c.output_ids), "logprobs": list(c.logprobs), "text": c.text,
+    return {"token_ids": c.output_ids.tolist(), "logprobs": c.logprobs.tolist(), "text": c.text,
             "token_texts": list(c.token_texts)}
 
 

@@ -80,7 +80,7 @@ def _store(url: str) -> Store:
 def same(a: Completion, b: Completion, on: str = "bits") -> bool:
     """Whether two outputs agree: on `tokens` (ids only) or on `bits` (ids and every logprob bit)."""
     if on == "tokens":
-        return a.output_ids == b.output_ids
+        return a.output_ids.tolist() == b.output_ids.tolist()
     return first_divergence(a, b) is None
 
 

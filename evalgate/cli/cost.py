@@ -9,10 +9,6 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from .. import cost as cost_lib
-from ..configuration.schedule import with_overrides
-from ..configuration.suite import find_suite, load_suite
-from ..judgement.factors import words
 from .common import console, err_console, handled, parse_levels
 
 
@@ -33,8 +29,9 @@ def _num(x: float | None, fmt: str = "{:.1f}") -> str:
     return "n/a" if x is None else fmt.format(x)
 
 
-class _Progress(cost_lib.Listener):
-    """A rich bar on a terminal; one line per candidate (with the time left) otherwise."""
+class _Progress:
+    """The command's `cost.Listener`: a rich bar on a terminal; one line per candidate (with the time left)
+    otherwise."""
 
     def __init__(self) -> None:
         from rich.progress import BarColumn, Progress, TextColumn
@@ -63,14 +60,18 @@ class _Progress(cost_lib.Listener):
                               + (f" ({result.reason})" if result.reason else ""))
 
 
-def _status(r: cost_lib.CandidateResult) -> str:
+def _status(r) -> str:
     if r.status == "unavailable":
         return "unavailable on this platform" if (r.reason or "").startswith("unavailable on this platform") \
             else "unavailable"
     return "FAILED" if r.status == "failed" else r.status
 
 
-def render(report: cost_lib.CostReport) -> None:
+def render(report) -> None:
+    """The `cost.CostReport` as a table, then the fastest and the fastest invariant candidate."""
+    from .. import cost as cost_lib
+    from ..judgement.factors import words
+
     top = report.highest_concurrency
     levels = sorted(set(report.schedule.concurrency))
     table = Table(title=f"evalgate cost: suite {report.suite_name!r} ({report.platform or 'platform unknown'}), "
@@ -139,6 +140,10 @@ def cost(suite_file: Optional[Path] = typer.Argument(None, help="Suite TOML file
          shuffles: Optional[int] = typer.Option(None, "--shuffles", help="Override the number of shuffled passes"),
          repeats: Optional[int] = typer.Option(None, "--repeats", help="Override the number of repeats")):
     """Measure the price of determinism: throughput, latency, memory and invariance per engine configuration."""
+    from .. import cost as cost_lib
+    from ..configuration.schedule import with_overrides
+    from ..configuration.suite import find_suite, load_suite
+
     suite = load_suite(find_suite(suite_file), database=db)
     schedule = with_overrides(suite.schedule, parse_levels(concurrency), shuffles, repeats)
     candidates = cost_lib.resolve_candidates(suite, candidate or [], candidates_file, defaults=not no_defaults)

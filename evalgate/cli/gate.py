@@ -1,4 +1,5 @@
-"""`evalgate baseline create` and `evalgate check`: run the suite, render the verdicts."""
+"""`evalgate baseline create` and `evalgate check`: run the suite, render the verdicts. The library is
+imported when a command runs, not when the CLI starts (`evalgate --help` stays light)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,7 @@ from typing import Optional
 import click
 import typer
 
-from .. import gate
-from ..configuration.shard import parse_shard
-from ..configuration.suite import find_suite, load_suite, with_fail_on
 from ..errors import EvalgateError, ExitCode
-from ..reports import github
-from ..reports.json_report import write_json
-from ..reports.junit import write_infra_error, write_junit
-from ..reports.terminal import render_report
 from .common import VerboseOpt, console, err_console, handled, parse_levels, progress_bar
 
 SuiteArg = typer.Argument(None, help="Suite TOML file (default: ./evalgate.toml or \\[tool.evalgate] in ./pyproject.toml)")
@@ -76,6 +70,9 @@ def _is_infra(exc: BaseException) -> bool:
 
 def _infra_outputs(exc: BaseException, kind: str, suite_name: str, junit, started: float, timestamp: str) -> None:
     """A run that cannot be judged still leaves CI something to show: the JUnit error, the job summary."""
+    from ..reports import github
+    from ..reports.junit import write_infra_error
+
     if isinstance(exc, EvalgateError):
         message, error_type = str(exc), type(exc).__name__
     elif isinstance(exc, KeyboardInterrupt):
@@ -92,6 +89,14 @@ def _infra_outputs(exc: BaseException, kind: str, suite_name: str, junit, starte
 
 
 def _run(kind: str, suite_file, options: RunOptions, **kwargs):
+    from .. import gate
+    from ..configuration.shard import parse_shard
+    from ..configuration.suite import find_suite, load_suite, with_fail_on
+    from ..reports import github
+    from ..reports.json_report import write_json
+    from ..reports.junit import write_junit
+    from ..reports.terminal import render_report
+
     db, concurrency, shuffles, repeats = options.db, options.concurrency, options.shuffles, options.repeats
     json_report, junit, shard, group = options.json_report, options.junit, options.shard, options.group
     merge, verbose, fail_on = options.merge, options.verbose, options.fail_on

@@ -9,10 +9,6 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .. import gate
-from ..reports.json_report import write_json
-from ..reports.terminal import render_report
-from ..store import display_status
 from .common import console, handled, open_store_for
 
 DbOpt = typer.Option(None, "--db", help="Database URL or SQLite path")
@@ -28,6 +24,8 @@ def runs_list(db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt,
               name: Optional[str] = typer.Option(None, "--name", help="Only this suite name"),
               limit: int = typer.Option(50, help="How many runs, newest first")):
     """List runs, newest first."""
+    from ..store import display_status
+
     store = open_store_for(db, suite)
     baseline_ids = {b.run_id for b in store.baselines()}
     table = Table()
@@ -44,6 +42,8 @@ def runs_list(db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt,
 def runs_show(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt,
               json_out: bool = typer.Option(False, "--json", help="Print the run as JSON")):
     """Show one run: status, schedule, fingerprint components, non-stable requests."""
+    from ..store import display_status
+
     store = open_store_for(db, suite)
     record = store.load(run_id)
     run = record.run
@@ -79,6 +79,8 @@ def runs_show(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = Su
 @handled
 def baseline_accept(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt):
     """Promote a complete run to be the baseline of its suite on its hardware class."""
+    from .. import gate
+
     store = open_store_for(db, suite)
     run = gate.accept(store, run_id)
     console.print(f"run {run.id} is now the baseline for suite {run.suite_name!r} (hardware {run.hardware_class[:12]})")
@@ -100,6 +102,10 @@ def baseline_list(db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt):
 def diff(run_a: int, run_b: int, db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt,
          json_report: Optional[Path] = typer.Option(None, "--json-report", help="Also write the diff as JSON")):
     """Compare two runs: fingerprint components that differ, then per-request differences (B against A)."""
+    from .. import gate
+    from ..reports.json_report import write_json
+    from ..reports.terminal import render_report
+
     store = open_store_for(db, suite)
     report = gate.compare_runs(store, run_a, run_b)
     changes = report.fingerprint_changes

@@ -8,8 +8,6 @@ from typing import Optional
 import typer
 
 from ..errors import ConfigError
-from ..reports.atomic import write_text_atomic
-from ..reports.html import build_html
 from .common import console, handled, open_store_for
 
 
@@ -32,6 +30,9 @@ def report(run_id: Optional[int] = typer.Argument(None, help="The run to report 
            suite: Optional[Path] = typer.Option(None, "--suite", help="Take the database (and, with --latest, the "
                                                                     "suite name) from this suite file")):
     """Write a stored run as one self-contained HTML file: verdicts, fingerprint changes, token diffs."""
+    from ..reports.atomic import write_text_atomic
+    from ..reports.html import build_html
+
     if latest == (run_id is not None):
         raise ConfigError("give either a run id or --latest", fix="evalgate report 7 --html out/report.html, or "
                                                                  "evalgate report --latest --suite suite.toml --html ...")

@@ -157,10 +157,14 @@ class FakeEngine(Engine):
             rows = [self._row(prompt_ids, i, k, salt=salt if i >= n // 2 else "") for i in range(n)]
             ids = [row[0][0] for row in rows]
             finish = "length"
+        import numpy as np
+
         texts = [self.decode([t]) for t in ids]
-        return Completion(key=prompt.key, prompt_ids=prompt_ids, output_ids=ids,
-                          logprobs=[row[1][row[0].index(t)] for row, t in zip(rows, ids)],
-                          top_ids=[row[0] for row in rows], top_logprobs=[row[1] for row in rows],
+        width = len(rows[0][0]) if rows else 0  # every row's: (positions, k) arrays, as vLLM's are handed over
+        return Completion(key=prompt.key, prompt_ids=prompt_ids, output_ids=np.array(ids, dtype=np.int64),
+                          logprobs=np.array([row[1][row[0].index(t)] for row, t in zip(rows, ids)]),
+                          top_ids=np.array([row[0] for row in rows], dtype=np.int64).reshape(len(rows), width),
+                          top_logprobs=np.array([row[1] for row in rows]).reshape(len(rows), width),
                           token_texts=texts, text="".join(texts), finish_reason=finish,
                           cached_tokens=len(prompt_ids) if cached else 0)
 

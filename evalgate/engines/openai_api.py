@@ -449,9 +449,9 @@ class OpenAIEngine(Engine):
             attempts = f" after {first.attempts} attempts" if isinstance(first, RequestFailed) and first.attempts > 1 else ""
             raise EngineError(f"{len(failed)} of {len(prompts)} requests to the server at {self.base_url} failed "
                               f"({keys}): {reason}{attempts}")
-        await self._fill_texts([t for c in results for t in c.output_ids])
+        await self._fill_texts([t for c in results for t in c.output_ids.tolist()])
         for completion in results:
-            completion.token_texts = [self._texts.get(t, "") for t in completion.output_ids]
+            completion.token_texts = [self._texts.get(t, "") for t in completion.output_ids.tolist()]
         return results
 
     async def _completion(self, body: dict, key: str, route: str = "/v1/completions") -> dict:

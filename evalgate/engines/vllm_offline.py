@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..errors import ConfigError, EngineError, MissingDependency
 from ..fingerprint import env_snapshot
-from ..records import Completion, Positions
+from ..records import Completion, Positions, as_ids, rank_top_rows
 from .base import INVARIANCE_PLATFORMS, Engine, arrange_batch_invariance, request_salt
 
 if TYPE_CHECKING:
@@ -162,8 +162,9 @@ class VllmOfflineEngine(Engine):
         from vllm import SamplingParams
 
         inputs, params, owner = [], [], []
+        flat = {"flat_logprobs": True} if "flat_logprobs" in SamplingParams.__struct_fields__ else {}
         for i, p in enumerate(prompts):
-            sampling = SamplingParams(**self.suite.sampling_for(p))
+            sampling = SamplingParams(**self.suite.sampling_for(p), **flat)
             salt = {"cache_salt": request_salt(cache_salt, p.key)} if cache_salt else {}
             if p.request_type in SCORING_TYPES:
                 for context, continuation in p.segments:
@@ -245,34 +246,74 @@ def _top(position: dict):
     return ((token_id, lp.logprob) for token_id, lp in position.items())
 
 
+def flat_rows(logprobs, positions) -> tuple | None:
+    """(entry ids, entry logprobs, first entries' decoded texts) of these positions of vLLM's flat logprobs,
+    as (positions, entries) arrays, taken as vLLM hands them over: the position's own token first, then its
+    top-k. None when vLLM did not hand over flat logprobs of one width (older vLLM: per-position dicts)."""
+    import numpy as np
+
+    if not hasattr(logprobs, "start_indices"):
+        return None
+    starts = np.asarray(logprobs.start_indices, dtype=np.int64)[positions]
+    widths = np.asarray(logprobs.end_indices, dtype=np.int64)[positions] - starts
+    if not widths.size or (widths != widths[0]).any() or widths[0] < 1:
+        return None
+    entries = (starts[:, None] + np.arange(widths[0])).reshape(-1)
+    ids = np.asarray(logprobs.token_ids, dtype=np.int64)[entries].reshape(-1, widths[0])
+    lps = np.asarray(logprobs.logprobs, dtype=np.float64)[entries].reshape(-1, widths[0])
+    texts = [logprobs.decoded_tokens[i] or "" for i in starts.tolist()]
+    return ids, lps, texts
+
+
 def _scored(prompt: Prompt, request_outputs: list, k: int, tokenizer) -> Completion:
     """A scoring request's record: its continuation tokens (every window's) with their prompt logprobs,
     the top-k at each position, and is-greedy derivable from top-1."""
+    import numpy as np
+
+    continuation = [t for _, cont in prompt.segments for t in cont]
+    rows = [flat_rows(out.prompt_logprobs, np.arange(len(context), len(context) + len(cont)))
+            for (context, cont), out in zip(prompt.segments, request_outputs) if cont]
+    fields = dict(finish_reason="scored", cached_tokens=_cached(request_outputs),
+                  text=prompt.continuation if prompt.continuation is not None else tokenizer.decode(continuation))
+    prompt_ids = list(request_outputs[0].prompt_token_ids or []) if request_outputs else []
+    token_texts = [tokenizer.decode([t]) for t in continuation]
+    if rows and all(r is not None for r in rows):
+        ids, lps = np.concatenate([r[0] for r in rows]), np.concatenate([r[1] for r in rows])
+        if (ids[:, 0] == continuation).all():
+            top_ids, top_lps, lengths = rank_top_rows(ids, lps, k)
+            return Completion(prompt.key, prompt_ids, ids[:, 0], lps[:, 0], top_ids, top_lps, token_texts,
+                              top_lengths=lengths, **fields)
     positions = Positions(k)
-    for (context, continuation), out in zip(prompt.segments, request_outputs):
+    for (context, cont), out in zip(prompt.segments, request_outputs):
         logprobs = out.prompt_logprobs or []
-        for offset, token_id in enumerate(continuation):
+        for offset, token_id in enumerate(cont):
             position = logprobs[len(context) + offset]
             positions.add(token_id, position[token_id].logprob, _top(position))
-    return positions.completion(
-        prompt.key, list(request_outputs[0].prompt_token_ids or []) if request_outputs else [],
-        token_texts=[tokenizer.decode([t]) for t in positions.ids],
-        text=prompt.continuation if prompt.continuation is not None else tokenizer.decode(positions.ids),
-        finish_reason="scored", cached_tokens=_cached(request_outputs),
-    )
+    return positions.completion(prompt.key, prompt_ids, token_texts=token_texts, **fields)
 
 
 def _completion(prompt: Prompt, request_output, k: int) -> Completion:
+    """A generated output's record, from vLLM's flat logprobs as arrays (per-position dicts otherwise)."""
+    import numpy as np
+
     out = request_output.outputs[0]
+    ids = as_ids(out.token_ids)
+    fields = dict(text=out.text, finish_reason=str(out.finish_reason), cached_tokens=_cached([request_output]))
+    prompt_ids = list(request_output.prompt_token_ids or [])
+    flat = out.logprobs is not None and ids.size and len(out.logprobs) == ids.size
+    rows = flat_rows(out.logprobs, np.arange(ids.size)) if flat else None
+    if rows is not None and np.array_equal(rows[0][:, 0], ids):
+        entry_ids, entry_lps, texts = rows
+        top_ids, top_lps, lengths = rank_top_rows(entry_ids, entry_lps, k)
+        return Completion(prompt.key, prompt_ids, ids, entry_lps[:, 0], top_ids, top_lps, texts, top_lengths=lengths,
+                          **fields)
     positions = Positions(k)
     texts: list[str] = []
     for token_id, position in zip(out.token_ids, out.logprobs or []):
         chosen = position[token_id]
         positions.add(token_id, chosen.logprob, _top(position))
         texts.append(chosen.decoded_token or "")
-    return positions.completion(prompt.key, list(request_output.prompt_token_ids or []), token_texts=texts,
-                                text=out.text, finish_reason=str(out.finish_reason),
-                                cached_tokens=_cached([request_output]))
+    return positions.completion(prompt.key, prompt_ids, token_texts=texts, **fields)
 
 
 def _cached(request_outputs: list) -> int | None:

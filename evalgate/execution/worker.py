@@ -23,6 +23,7 @@ plumbing tests on the fake engine, which then run in milliseconds; never for a g
 from __future__ import annotations
 
 import atexit
+import functools
 import multiprocessing
 import os
 import queue as queue_module
@@ -92,6 +93,7 @@ def call_in_worker(job, kwargs: dict, *, url: str | None = None, progress: Progr
     in `url`'s store if the job fails or is interrupted. An error raised here carries `engine_log`."""
     if inline():
         return _call_inline(job, kwargs, url=url, progress=progress, env=env)
+    _reap_at_exit()
     ctx = multiprocessing.get_context("spawn")
     messages = ctx.Queue()
     child = ctx.Process(target=_child_main, args=(job, kwargs, messages, env, engine_log), name="evalgate-engine")
@@ -136,6 +138,25 @@ def call_in_worker(job, kwargs: dict, *, url: str | None = None, progress: Progr
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             open_store(url).mark_incomplete(run_id, status, str(exc) or status)
         raise
+
+
+def reap_resource_tracker() -> None:
+    """Stop multiprocessing's resource tracker and wait for it, before this process exits. Spawning the engine
+    process starts the tracker as a child of this one; left alone, it ends just after evalgate does and
+    stays a zombie until whoever adopts it reaps it (a CI runner, a timing harness). Registered at exit."""
+    from multiprocessing import resource_tracker
+
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)  # CPython's own, since 3.8
+    if stop is not None:
+        try:
+            stop()
+        except Exception:  # never let the clean-up turn a verdict into an error
+            pass
+
+
+@functools.cache
+def _reap_at_exit() -> None:
+    atexit.register(reap_resource_tracker)
 
 
 def inline() -> bool:

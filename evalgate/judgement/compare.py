@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 from dataclasses import asdict, dataclass
 
 from ..configuration.schedule import Pass
@@ -32,45 +31,57 @@ class Divergence:
         return asdict(self)
 
 
-def _bits(x: float) -> bytes:
-    return struct.pack("<d", x)
-
-
 def first_divergence(reference: Completion, other: Completion) -> Divergence | None:
+    """Where `other` first departs from `reference`, found on the arrays: the first differing id, else the
+    shorter length, else the first logprob whose float64 bits differ. None: the same ids and bits."""
+    import numpy as np
+
     if reference.digest == other.digest:
         return None
     ref_ids, oth_ids = reference.output_ids, other.output_ids
-
-    def at(c: Completion, i: int) -> tuple[int | None, str | None, float | None]:
-        if i >= len(c.output_ids):
-            return None, None, None
-        text = c.token_texts[i] if i < len(c.token_texts) else None
-        lp = c.logprobs[i] if i < len(c.logprobs) else None
-        return c.output_ids[i], text, lp
-
-    for i, (a, b) in enumerate(zip(ref_ids, oth_ids)):
-        if a != b:
-            return _divergence(i, "token", reference, other, at)
-    if len(ref_ids) != len(oth_ids):
-        return _divergence(min(len(ref_ids), len(oth_ids)), "length", reference, other, at)
-    for i, (a, b) in enumerate(zip(reference.logprobs, other.logprobs)):
-        if _bits(a) != _bits(b):
-            return _divergence(i, "logprob", reference, other, at)
-    if len(reference.logprobs) != len(other.logprobs):
-        return _divergence(min(len(reference.logprobs), len(other.logprobs)), "logprob", reference, other, at)
+    common = min(ref_ids.size, oth_ids.size)
+    tokens = np.flatnonzero(ref_ids[:common] != oth_ids[:common])
+    if tokens.size:
+        return _divergence(int(tokens[0]), "token", reference, other)
+    if ref_ids.size != oth_ids.size:
+        return _divergence(common, "length", reference, other)
+    ref_lps, oth_lps = reference.logprobs, other.logprobs
+    common = min(ref_lps.size, oth_lps.size)
+    bits = np.flatnonzero(ref_lps[:common].astype(np.float64).view(np.uint64)
+                          != oth_lps[:common].astype(np.float64).view(np.uint64))
+    if bits.size:
+        return _divergence(int(bits[0]), "logprob", reference, other)
+    if ref_lps.size != oth_lps.size:
+        return _divergence(common, "logprob", reference, other)
     return None  # same ids and logprob bits (digests of older encodings may differ)
 
 
 def max_logprob_delta(reference: Completion, other: Completion) -> float:
     """The largest |Δ logprob| of the sampled tokens over the positions where both chose the same token
     (bits-only drift: how far the numerics moved)."""
-    return max((abs(a - b) for a, b, x, y in zip(reference.logprobs, other.logprobs, reference.output_ids,
-                                                    other.output_ids) if x == y), default=0.0)
+    import numpy as np
+
+    n = min(reference.output_ids.size, other.output_ids.size, reference.logprobs.size, other.logprobs.size)
+    same = reference.output_ids[:n] == other.output_ids[:n]
+    if not same.any():
+        return 0.0
+    ref, oth = reference.logprobs[:n][same].astype(np.float64), other.logprobs[:n][same].astype(np.float64)
+    with np.errstate(invalid="ignore"):  # -inf - -inf
+        deltas = np.abs(ref - oth).tolist()
+    return max(deltas)  # Python's max, as before: a NaN ranks where it always did
 
 
-def _divergence(i, kind, reference, other, at) -> Divergence:
-    ref_id, ref_text, ref_lp = at(reference, i)
-    oth_id, oth_text, oth_lp = at(other, i)
+def _at(c: Completion, i: int) -> tuple[int | None, str | None, float | None]:
+    if i >= c.output_ids.size:
+        return None, None, None
+    text = c.token_texts[i] if i < len(c.token_texts) else None
+    lp = float(c.logprobs[i]) if i < c.logprobs.size else None
+    return int(c.output_ids[i]), text, lp
+
+
+def _divergence(i: int, kind: str, reference: Completion, other: Completion) -> Divergence:
+    ref_id, ref_text, ref_lp = _at(reference, i)
+    oth_id, oth_text, oth_lp = _at(other, i)
     return Divergence(i, kind, ref_id, ref_text, oth_id, oth_text, reference.margin(i), ref_lp, oth_lp)
 
 

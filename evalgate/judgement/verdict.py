@@ -193,11 +193,23 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
     changed = fingerprint_delta(baseline.fingerprint, current.fingerprint) if baseline else []
     passes = passes_of(current.run.schedule)
     pairs = matching_passes(passes_of(baseline.run.schedule), passes) if baseline else []
+    # Digests first: a request whose outputs all have one digest, the baseline's included, is stable
+    # without a token being read. Only the others are compared on their tokens (read together).
+    uniform = {key for key in current.requests if _stable_by_digest(
+        current.digests.get(key, ()),
+        None if baseline is None else baseline.digests.get(key, ()) if key in baseline.requests else ())}
+    differing = [key for key in current.requests if key not in uniform]
+    current.prefetch(differing)
+    if baseline is not None:
+        baseline.prefetch(differing)
     verdicts: list[RequestVerdict] = []
     varying: dict[int, list[str]] = {}  # pass index -> keys that differ from that pass's reference
     for key, request in current.requests.items():
-        completions = current.outputs.get(key, [])
         location = request.location
+        if key in uniform:
+            verdicts.append(RequestVerdict(key, "stable", location))
+            continue
+        completions = current.outputs.get(key, [])
         disagreement = within_run(completions, passes)
         if disagreement is not None:
             by_pass = {c.pass_index: c for c in completions}
@@ -269,6 +281,13 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
     )
 
 
+def _stable_by_digest(mine, theirs) -> bool:
+    """Whether every output of a request has one and the same digest, in this run (`mine`: its digest
+    rows) and in the baseline (`theirs`; None: there is no baseline): then no comparison can differ."""
+    digests = {row[1] for row in mine}
+    return len(digests) == 1 and (theirs is None or {row[1] for row in theirs} == digests)
+
+
 @dataclass(frozen=True)
 class PassPair:
     """A baseline pass and this run's pass of the same condition."""
@@ -307,10 +326,8 @@ def factor_summary(passes: list[Pass], varying: dict[int, list[str]], record: Ru
     """One entry per comparison the run made: its factor, what changed, how many requests ran in both
     passes (`compared`) and how many of those differ."""
     by_index = {p.index: p for p in passes}
-    ran: dict[int, set[str]] = {}
-    for key, outputs in record.outputs.items():
-        for c in outputs:
-            ran.setdefault(c.pass_index, set()).add(key)
+    # the passes each request ran in, counted by their set (mostly one set: every request ran in every pass)
+    ran = Counter(frozenset(row[0] for row in rows) for rows in record.digests.values())
     summary = []
     for p in passes:
         if p.reference is None or p.reference not in by_index:
@@ -318,7 +335,7 @@ def factor_summary(passes: list[Pass], varying: dict[int, list[str]], record: Ru
         keys = varying.get(p.index, [])
         summary.append({"factor": p.factor, "comparison": comparison_label(by_index[p.reference], p),
                         "reference_pass": p.reference, "pass": p.index, "differing": len(keys),
-                        "compared": len(ran.get(p.index, set()) & ran.get(p.reference, set())),
+                        "compared": sum(n for ran_in, n in ran.items() if p.index in ran_in and p.reference in ran_in),
                         "requests": len(record.requests), "keys": keys[:20]})
     return summary
 
@@ -330,7 +347,7 @@ def cache_hits(record: RunRecord, passes: list[Pass]) -> list[CacheHits]:
     for p in passes:
         if p.cache != HOT:
             continue
-        counts = [c.cached_tokens for outs in record.outputs.values() for c in outs if c.pass_index == p.index]
+        counts = [row[2] for rows in record.digests.values() for row in rows if row[0] == p.index]
         out.append({"pass": p.index, "hit": sum(1 for n in counts if n), "missed": sum(1 for n in counts if n == 0),
                     "unknown": sum(1 for n in counts if n is None)})
     return out

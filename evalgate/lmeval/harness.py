@@ -172,6 +172,8 @@ class EvalgateLM(TemplateLM):
 
 def loglikelihood_result(completion) -> tuple[float, bool]:
     """(sum of the continuation's logprobs, whether every token was the top-1), lm-eval's answer format."""
-    total = sum(completion.logprobs)
-    greedy = all(row_lps and lp >= row_lps[0] for lp, row_lps in zip(completion.logprobs, completion.top_logprobs))
+    logprobs = completion.logprobs.tolist()  # summed in order as Python floats, as lm-eval's own backends do
+    total = sum(logprobs)
+    rows = (completion.top(i)[1] for i in range(len(completion.top_ids)))
+    greedy = all(row and lp >= row[0] for lp, row in zip(logprobs, rows))
     return total, bool(greedy)

@@ -132,9 +132,10 @@ def token_display(text: str | None) -> str:
 
 def _token_spans(c: Completion, position: int | None) -> str:
     spans = []
-    for i, token_id in enumerate(c.output_ids):
+    logprobs = c.logprobs.tolist()
+    for i, token_id in enumerate(c.output_ids.tolist()):
         text = c.token_texts[i] if i < len(c.token_texts) else None
-        lp = c.logprobs[i] if i < len(c.logprobs) else None
+        lp = logprobs[i] if i < len(logprobs) else None
         margin = c.margin(i)
         title = f"position {i} \u00b7 id {token_id} \u00b7 text {text!r}"
         if lp is not None:

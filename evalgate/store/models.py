@@ -85,7 +85,8 @@ class Output(Base):
     """One request in one pass: where it ran, its digest (records.py) and its payload."""
 
     __tablename__ = "outputs"
-    __table_args__ = (Index("ix_outputs_run_key", "run_id", "request_key"),)
+    # covers what a judgement reads first (evalgate/store/loaded.py): a run's digests never visit a table row
+    __table_args__ = (Index("ix_outputs_digests", "run_id", "request_key", "pass_index", "digest", "cached_tokens"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     request_key: Mapped[str] = mapped_column(String(500))

@@ -8,18 +8,21 @@ become a baseline.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass, field
-
 from sqlalchemy import func, insert, literal, select
 from sqlalchemy.orm import Session
 
+from ..collector import collector_paused
 from ..errors import ConfigError
 from ..execution.processes import current_owner, owner_alive
 from ..fingerprint import fingerprint_hash
-from ..records import Completion, StoredCompletion, encode_payload, pack_ids, same_payload
+from ..records import Completion, EncodedPass, encode_pass, pack_ids
 from .base import StoreBase
+from .loaded import RunRecord, load_run
 from .models import Fingerprint, Output, Payload, Request, Run, Verdict, utcnow
+
+OUTPUT_COLUMNS = ("run_id", "request_key", "pass_index", "concurrency", "wave", "position", "finish_reason", "digest",
+                  "cached_tokens", "payload_hash")
+REQUEST_COLUMNS = ("run_id", "key", "request_hash", "prompt", "prompt_ids", "sampling", "location", "request_type")
 
 
 def display_status(run: Run) -> str:
@@ -29,23 +32,9 @@ def display_status(run: Run) -> str:
     return run.status
 
 
-@dataclass
-class RunRecord:
-    """A stored run, loaded for comparison."""
-
-    run: Run
-    fingerprint: dict[str, dict]
-    requests: dict[str, Request]  # Core rows with Request's columns as attributes
-    outputs: dict[str, list[Completion]] = field(default_factory=dict)  # key -> completions in pass order
-
-    @property
-    def id(self) -> int:
-        return self.run.id
-
-
 class RunStore(StoreBase):
-    # run id -> request key -> (its latest stored completion, payload hash): the run being written
-    _last_pass: dict[int, dict[str, tuple[Completion, str]]] = {}
+    # run id -> its last stored pass, encoded: the run being written compares its next pass with it
+    _last_pass: dict[int, EncodedPass] = {}
 
     # --- writing a run ---------------------------------------------------------------------------------
 
@@ -55,6 +44,13 @@ class RunStore(StoreBase):
         fp_hash = fingerprint_hash(fingerprint)
         self._check_fits(suite)
 
+        # the suite component holds every request's hash already: hashing 5,000 prompts again costs 0.1 s
+        hashes = (fingerprint.get("suite", {}).get("data") or {}).get("requests") or {}
+        locations = suite.locations
+        with collector_paused():
+            rows = [(p.key, hashes.get(p.key) or suite.request_hash(p), p.text, pack_ids(prompt_ids[p.key]),
+                     suite.sampling_for(p), locations.get(p.key), p.request_type) for p in suite.prompts]
+
         def write(s: Session) -> int:
             self.add_fingerprint(s, fp_hash, fingerprint)
             run = Run(suite_name=suite.name, suite_path=str(suite.path), kind=kind, status="running",
@@ -62,15 +58,11 @@ class RunStore(StoreBase):
                       shard=shard, shard_group=shard_group, owner=owner, engine_log=engine_log)
             s.add(run)
             s.flush()
-            locations = suite.locations
-            rows = [{"run_id": run.id, "key": p.key, "request_hash": suite.request_hash(p), "prompt": p.text,
-                     "prompt_ids": pack_ids(prompt_ids[p.key]), "sampling": suite.sampling_for(p),
-                     "location": locations.get(p.key), "request_type": p.request_type} for p in suite.prompts]
-            if rows:
-                s.connection().execute(insert(Request.__table__), rows)
+            self.insert_rows(s, Request.__table__, REQUEST_COLUMNS, [(run.id, *row) for row in rows])
             return run.id
 
-        return self.write(write)
+        with collector_paused():
+            return self.write(write)
 
     def _check_fits(self, suite) -> None:
         """A database server enforces column lengths and refuses NUL in strings (SQLite does neither):
@@ -90,49 +82,23 @@ class RunStore(StoreBase):
                                   fix="use shorter prompt ids")
 
     def add_outputs(self, run_id: int, completions: list[Completion]) -> None:
-        """One pass's outputs, in bulk. A payload is written once: an output equal to one already stored
-        (another pass, another run) only points at it. An output equal to the same request's output in
-        the run's previous pass (what a passing check mostly records) is not even encoded again."""
-        previous = self._last_pass.get(run_id, {})
-        payloads: dict[str, bytes] = {}
-        rows, last_pass = [], {}
-        for c in completions:
-            before = previous.get(c.key)
-            if before is not None and same_payload(c, before[0]):
-                payload_hash = before[1]
-            else:
-                payload_hash, data = encode_payload(c)
-                payloads.setdefault(payload_hash, data)
-            last_pass[c.key] = (c, payload_hash)
-            rows.append({"run_id": run_id, "request_key": c.key, "pass_index": c.pass_index,
-                         "concurrency": c.concurrency, "wave": c.wave, "position": c.position,
-                         "finish_reason": c.finish_reason, "digest": c.digest, "cached_tokens": c.cached_tokens,
-                         "payload_hash": payload_hash})
+        """One pass's outputs, in bulk, encoded together (records.encode_pass). A payload is written once: an
+        output equal to one already stored (another pass, another run) only points at it, and an output
+        equal to the same request's output in the run's previous pass (what a passing check mostly
+        records) is not even encoded again."""
+        with collector_paused():
+            encoded = encode_pass(completions, self._last_pass.get(run_id))
+            rows = [(run_id, c.key, c.pass_index, c.concurrency, c.wave, c.position, c.finish_reason, digest,
+                     c.cached_tokens, payload_hash)
+                    for c, digest, payload_hash in zip(completions, encoded.digests, encoded.payload_hashes)]
 
-        def write(s: Session) -> None:
-            self._add_payloads(s, payloads)
-            if rows:  # Core executemany: no ORM objects
-                s.connection().execute(insert(Output.__table__), rows)
+            def write(s: Session) -> None:
+                self.insert_rows(s, Payload.__table__, ("hash", "data"), list(encoded.payloads.items()),
+                                 new_only="hash")
+                self.insert_rows(s, Output.__table__, OUTPUT_COLUMNS, rows)
 
-        self.write(write)
-        self._last_pass = {run_id: {**previous, **last_pass}}  # only once stored: a failed write must not count
-
-    def _add_payloads(self, s: Session, payloads: dict[str, bytes]) -> None:
-        """Insert the payloads not stored yet (content-addressed, as fingerprints)."""
-        if not payloads:
-            return
-        rows = [{"hash": h, "data": d} for h, d in payloads.items()]
-        if self.upsert_insert:
-            s.connection().execute(self.upsert_insert(Payload.__table__).on_conflict_do_nothing(index_elements=["hash"]),
-                                   rows)
-            return
-        stored = set()
-        hashes = list(payloads)
-        for i in range(0, len(hashes), 500):
-            stored.update(s.scalars(select(Payload.hash).where(Payload.hash.in_(hashes[i : i + 500]))))
-        missing = [r for r in rows if r["hash"] not in stored]
-        if missing:
-            s.connection().execute(insert(Payload.__table__), missing)
+            self.write(write)
+        self._last_pass = {run_id: encoded}  # only once stored: a failed write must not count
 
     def update_schedule(self, run_id: int, schedule: dict) -> None:
         """Replace a running run's schedule record (the runner drops a planned pass that could not run)."""
@@ -255,42 +221,9 @@ class RunStore(StoreBase):
             return [v.detail for v in s.scalars(select(Verdict).where(Verdict.run_id == run_id).order_by(Verdict.id))]
 
     def load(self, run_id: int) -> RunRecord:
-        """A run for comparison, read with Core rather than as ORM objects. Outputs come back as
-        `StoredCompletion`s without their payloads: those are read (all of the run's, in one query) and
-        decoded only when a comparison needs tokens, that is when digests differ."""
+        """A run for comparison (store/loaded.py): its requests and every output's digest at once; its
+        completions and their payloads when a comparison needs tokens, that is when digests differ."""
         run = self.get_run(run_id)
-        requests_table, outputs = Request.__table__, Output.__table__
-        fetch = RunPayloads(self, run_id)
         with self.session() as s:
             fp = s.get(Fingerprint, run.fingerprint_hash)
-            q = select(requests_table).where(requests_table.c.run_id == run_id).order_by(requests_table.c.id)
-            requests = {r.key: r for r in s.execute(q)}  # prompts-file order; rows read like Request objects
-            by_key: dict[str, list[Completion]] = defaultdict(list)
-            q = (select(outputs.c.request_key, outputs.c.pass_index, outputs.c.concurrency, outputs.c.wave,
-                        outputs.c.position, outputs.c.finish_reason, outputs.c.digest, outputs.c.cached_tokens,
-                        outputs.c.payload_hash)
-                 .where(outputs.c.run_id == run_id).order_by(outputs.c.pass_index, outputs.c.id))
-            for key, pass_index, concurrency, wave, position, finish, digest, cached, payload in s.execute(q).all():
-                request = requests.get(key)
-                by_key[key].append(StoredCompletion(
-                    key, payload, fetch, digest, finish, pass_index=pass_index, concurrency=concurrency, wave=wave,
-                    position=position, cached_tokens=cached,
-                    prompt_ids_blob=request.prompt_ids if request is not None else b""))
-        return RunRecord(run=run, fingerprint=fp.components if fp else {}, requests=requests, outputs=dict(by_key))
-
-
-class RunPayloads:
-    """The payloads of one stored run, read in one query the first time any of them is needed."""
-
-    def __init__(self, store: RunStore, run_id: int):
-        self.store, self.run_id = store, run_id
-        self._blobs: dict[str, bytes] | None = None
-
-    def __call__(self, payload_hash: str) -> bytes:
-        if self._blobs is None:
-            outputs, payloads = Output.__table__, Payload.__table__
-            q = (select(payloads.c.hash, payloads.c.data).distinct()
-                 .join(outputs, outputs.c.payload_hash == payloads.c.hash).where(outputs.c.run_id == self.run_id))
-            with self.store.session() as s:
-                self._blobs = {h: bytes(data) for h, data in s.execute(q)}
-        return self._blobs[payload_hash]
+        return load_run(self, run, fp.components if fp else {})

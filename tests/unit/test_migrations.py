@@ -40,3 +40,10 @@ def test_older_schema_upgrades_after_a_backup(tmp_path):
         assert conn.execute("select suite_name from runs").fetchall() == [("s",)]
         tables = {r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")}
         assert "scores" not in tables
+
+
+def test_the_head_a_store_is_opened_at_without_alembic_is_alembics_head():
+    """store/db.py opens a database at SCHEMA_HEAD with one query: a new migration must move it."""
+    from evalgate.store.db import SCHEMA_HEAD
+
+    assert SCHEMA_HEAD == head_revision()

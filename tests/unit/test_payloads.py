@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import struct
 
+import numpy as np
+import pytest
 import sqlalchemy as sa
 from alembic import command
 from hypothesis import given, settings
@@ -35,8 +37,9 @@ def make(ids, lps, *, top_ids=None, top_lps=None, text=None, texts=None, key="k"
 
 
 def same(a: Completion, b: Completion) -> bool:
-    return (a.output_ids == b.output_ids and bits(a.logprobs) == bits(b.logprobs) and a.top_ids == b.top_ids
-            and [bits(r) for r in a.top_logprobs] == [bits(r) for r in b.top_logprobs]
+    (a_ids, a_lps), (b_ids, b_lps) = a.top_rows(), b.top_rows()
+    return (a.output_ids.tolist() == b.output_ids.tolist() and bits(a.logprobs) == bits(b.logprobs) and a_ids == b_ids
+            and [bits(r) for r in a_lps] == [bits(r) for r in b_lps]
             and a.token_texts == b.token_texts and a.text == b.text)
 
 
@@ -263,3 +266,131 @@ def test_a_database_written_before_payloads_upgrades_and_compares_with_new_runs(
     with store.database.connect() as conn:
         # the equal run's outputs point at the payloads the migration wrote: 5 distinct, +4 from the check
         assert conn.execute(sa.text("select count(*) from payloads")).scalar() == 5 + 4
+
+
+# --- arrays as the engines hand them over (records.encode_pass) ------------------------------------------
+
+def as_arrays(c: Completion, id_type, float_type) -> Completion:
+    """The same completion with its ids and logprobs as arrays of these types (top-k as 2-D arrays and lengths)."""
+    return Completion(key=c.key, prompt_ids=c.prompt_ids, output_ids=c.output_ids.astype(id_type),
+                      logprobs=c.logprobs.astype(float_type), top_ids=c.top_ids.astype(id_type),
+                      top_logprobs=c.top_logprobs.astype(float_type), top_lengths=c.top_lengths,
+                      token_texts=c.token_texts, text=c.text, finish_reason=c.finish_reason, pass_index=c.pass_index)
+
+
+F32_VALUES = [-0.5, -1.25, -0.375, -7.75, -0.0]  # exactly float32, and so are v - 1 and v - 2
+
+
+@pytest.mark.parametrize("id_type", ["int64", "int32", "uint16", "uint32"])
+@pytest.mark.parametrize("float_type", ["float32", "float64"])
+def test_arrays_of_every_type_an_engine_hands_over_round_trip_as_their_lists(id_type, float_type):
+    lists = make([3, 900, 65_535, 0, 7], F32_VALUES, top_ids=[[3, 1, 2], [900], [65_535, 4], [0, 9, 8], [7, 6, 5]],
+                 top_lps=[[v, v - 1, v - 2][: n] for v, n in zip(F32_VALUES, (3, 1, 2, 3, 3))])
+    arrays = as_arrays(lists, id_type, float_type)
+    assert encode_payload(arrays) == encode_payload(lists) and arrays.digest == lists.digest
+    assert same(round_trip(arrays), lists)
+
+
+def test_tensors_and_lists_from_vllm_give_the_same_record():
+    torch = pytest.importorskip("torch")
+    lists = make([5, 6, 7], F32_VALUES[:3], top_ids=[[5, 1], [6, 2], [7, 3]], top_lps=[[v, v - 1] for v in F32_VALUES[:3]])
+    tensors = Completion(key="k", prompt_ids=[1, 2], output_ids=torch.tensor([5, 6, 7]),
+                         logprobs=torch.tensor(F32_VALUES[:3], dtype=torch.float32),
+                         top_ids=np.asarray(torch.tensor([[5, 1], [6, 2], [7, 3]])),
+                         top_logprobs=np.asarray(torch.tensor([[v, v - 1] for v in F32_VALUES[:3]], dtype=torch.float32)),
+                         token_texts=lists.token_texts, text=lists.text, finish_reason="length")
+    assert encode_payload(tensors) == encode_payload(lists) and tensors.digest == lists.digest
+
+
+def mixed_pass() -> list[Completion]:
+    """Completions a pass can mix: 16- and 32-bit ids, float32 and float64 logprobs, ragged rows, NaN, empty."""
+    rng = np.random.default_rng(7)
+    out = []
+    for i in range(40):
+        n = int(rng.integers(0, 9))
+        ids = rng.integers(0, 70_000 if i % 3 == 0 else 60_000, n)
+        lps = (-rng.exponential(1.0, n)).astype(np.float32 if i % 2 else np.float64)
+        if i % 7 == 0 and n:
+            lps[0] = np.nan
+        top = rng.integers(0, 60_000, (n, 4))
+        top_lps = np.sort(-rng.exponential(1.0, (n, 4)), axis=1)[:, ::-1]
+        lengths = rng.integers(1, 5, n) if i % 5 == 0 else None
+        texts = [f"t{t}" for t in ids.tolist()]
+        out.append(Completion(key=f"r{i}", prompt_ids=[1], output_ids=ids, logprobs=lps, top_ids=top,
+                              top_logprobs=top_lps, top_lengths=lengths, token_texts=texts,
+                              text="".join(texts) if i % 4 else "other", finish_reason="length"))
+    return out
+
+
+def test_a_pass_encoded_at_once_equals_each_output_encoded_alone():
+    from evalgate.records import encode_pass
+
+    completions = mixed_pass()
+    encoded = encode_pass(completions)
+    alone = [encode_payload(c) for c in mixed_pass()]
+    assert encoded.payload_hashes == [h for h, _ in alone]
+    assert encoded.payloads == dict(alone)
+    assert encoded.digests == [c.digest for c in mixed_pass()] and encoded.repeats == 0
+    for c, (_, blob) in zip(completions, alone):
+        assert same(round_trip(c), c)
+
+
+def test_a_repeat_of_the_previous_pass_is_recognized_on_the_arrays_and_a_changed_bit_is_not():
+    from evalgate.records import encode_pass
+
+    first = encode_pass(mixed_pass())
+    again = mixed_pass()
+    again.reverse()  # another order: a shuffled pass
+    flipped = again[3]
+    flipped.logprobs = flipped.logprobs.copy()
+    flipped.logprobs[-1] = np.nextafter(flipped.logprobs[-1], 0)  # one bit
+    top_changed = again[8]
+    top_changed.top_ids = top_changed.top_ids.copy()
+    top_changed.top_ids[0, -1] += 1
+    encoded = encode_pass(again, first)
+    fresh = encode_pass([c for c in mixed_pass()[::-1]])
+    changed_keys = {flipped.key, top_changed.key} - {c.key for c in again if not c.output_ids.size}
+    assert encoded.repeats == len(again) - len(changed_keys)
+    for c, digest, payload_hash in zip(again, encoded.digests, encoded.payload_hashes):
+        if c.key in changed_keys:
+            assert payload_hash not in set(first.payload_hashes) and payload_hash in encoded.payloads
+            assert (digest != first.digests[first_index(c.key)]) == (c is flipped)
+        else:
+            assert (digest, payload_hash) == (first.digests[first_index(c.key)], first.payload_hashes[first_index(c.key)])
+    assert set(encoded.payloads) == {h for c, h in zip(again, encoded.payload_hashes) if c.key in changed_keys}
+    assert len(fresh.payload_hashes) == len(again)
+
+
+def first_index(key: str) -> int:
+    return [c.key for c in mixed_pass()].index(key)
+
+
+def test_the_payload_encoding_is_pinned():
+    """Golden blobs written by the encoder before outputs were arrays: today's bytes (and hashes) are the same."""
+    lean = make([1, 2], [-0.5, -1.5], top_ids=[[1, 3], [2]], top_lps=[[-0.5, -2.0], [-1.5]], texts=["a", "b"])
+    wide = make([70_000], [-0.1], top_ids=[[70_000, 5]], top_lps=[[-0.1, -0.2]], texts=["\u00e9"], text="x")
+    assert encode_payload(lean)[1].hex() == (
+        "014866010102000000020000000200000002000000010002000100030002000000000000bf0000c0bf000000bf000000c00000c0"
+        "bf00000000020001005b2261222c202262225d")
+    assert encode_payload(wide)[1].hex() == (
+        "0169640000010000000100000001000000020000007011010070110100050000009a9999999999b9bf9a9999999999b9bf9a99999999"
+        "99c9bf5b2278222c205b225c7530306539225d5d")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(min_value=0, max_value=30), st.sampled_from([-0.5, -1.0, -1.5, -2.0, -0.0])),
+                         min_size=1, max_size=6), min_size=1, max_size=6), st.integers(min_value=0, max_value=6))
+def test_top_k_rows_ranked_at_once_as_position_by_position(positions, k):
+    """vLLM's flat logprobs (the token, then its top-k) ranked by `rank_top_rows` as `rank_top` ranks each."""
+    from evalgate.records import rank_top, rank_top_rows
+
+    width = max(len(p) for p in positions)
+    rows = [p + [p[-1]] * (width - len(p)) for p in positions]  # a repeated entry, as vLLM's sampled token
+    ids = np.array([[t for t, _ in row] for row in rows])
+    lps = np.array([[v for _, v in row] for row in rows])
+    top_ids, top_lps, lengths = rank_top_rows(ids, lps, k)
+    got = Completion(key="k", prompt_ids=[], output_ids=ids[:, 0], logprobs=lps[:, 0], top_ids=top_ids,
+                     top_logprobs=top_lps, top_lengths=lengths, token_texts=[], text="", finish_reason="length")
+    want = [rank_top(row, k) for row in rows]
+    assert got.top_rows() == ([w[0] for w in want], [w[1] for w in want])
+    assert [bits(r) for r in got.top_rows()[1]] == [bits(w[1]) for w in want]  # -0.0 keeps its sign

@@ -158,8 +158,8 @@ def test_top_k_packing_pads_with_minus_one_and_minus_inf():
     assert lps[3] == -0.2 and lps[4] == lps[5] == lps[8] == float("-inf")
     assert len(ids_blob) == 4 * 9 and len(lps_blob) == 8 * 9
     top_ids, top_lps = Completion.unpack_top(k, ids_blob, lps_blob)
-    assert top_ids == c.top_ids
-    assert [[bits(x) for x in row] for row in top_lps] == [[bits(x) for x in row] for row in c.top_logprobs]
+    assert top_ids == c.top_rows()[0]
+    assert [[bits(x) for x in row] for row in top_lps] == [[bits(x) for x in row] for row in c.top_rows()[1]]
 
 
 def test_top_k_keeps_a_real_minus_inf_logprob():

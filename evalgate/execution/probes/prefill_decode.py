@@ -26,9 +26,9 @@ class PrefillDecode(Probe):
     def waves(self, pass_, keys: list[str], context: WaveContext) -> Iterator[Wave]:
         for key in keys:
             p, done = context.prompts[key], context.reference.get(key)
-            if p.request_type in SCORING_TYPES or done is None or not done.output_ids:
+            if p.request_type in SCORING_TYPES or done is None or not done.output_ids.size:
                 continue  # already a prefill, or nothing was generated
-            yield Wave.of([rescoring(p, context.prompt_ids[key], done.output_ids)])
+            yield Wave.of([rescoring(p, context.prompt_ids[key], done.output_ids.tolist())])
 
     def label(self, reference, other) -> str:
         return "prefill vs decode: the output re-scored by one prefill"

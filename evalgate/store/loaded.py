@@ -1,0 +1,192 @@
+"""A stored run read back for judging (`RunRecord`): what every comparison needs at once, the rest on first use.
+
+A judgement of two equal runs needs each output's request, pass and digest, and nothing else: they are
+read in one scan of a covering index (`ix_outputs_digests`), about 15,000 rows for a run of 5,000 requests
+and 3 passes. A request's completions (placement, finish reason, payload) and a request's prompt, prompt
+ids and sampling are read the first time something looks at them; `RunRecord.prefetch` reads those of
+several requests in one query, as the judge does for the requests whose digests differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+from ..records import Completion, StoredCompletion
+from .models import Output, Payload, Request
+
+if TYPE_CHECKING:
+    from .base import StoreBase
+
+CHUNK = 500  # keys or hashes per IN (...) query
+# What a judgement reads of every output first: (pass index, digest, cached tokens, request key), as the
+# database returns it (a run has thousands: no object is built per row).
+DigestRow = tuple[int, str, "int | None", str]
+
+
+@dataclass
+class RunRecord:
+    """A run, loaded for comparison. `outputs` maps each request key to its completions in pass order: a
+    plain dict for a run held in memory, `StoredOutputs` for a stored one."""
+
+    run: Any
+    fingerprint: dict[str, dict]
+    requests: Mapping[str, Any]  # key -> a row with Request's columns as attributes, prompts-file order
+    outputs: Mapping[str, list[Completion]] = field(default_factory=dict)
+
+    @property
+    def id(self) -> int:
+        return self.run.id
+
+    @cached_property
+    def digests(self) -> dict[str, list[DigestRow]]:
+        """Request key -> the `DigestRow` of each of its outputs, in pass order."""
+        if isinstance(self.outputs, StoredOutputs):
+            return self.outputs.digests
+        return {key: [(c.pass_index, c.digest, c.cached_tokens, key) for c in outputs] for key, outputs in self.outputs.items()}
+
+    def prefetch(self, keys: list[str]) -> None:
+        """Read these requests' completions and payloads together (a stored run); nothing for one in memory."""
+        if isinstance(self.outputs, StoredOutputs):
+            self.outputs.prefetch(keys)
+
+
+class StoredOutputs(Mapping):
+    """A stored run's outputs by request key, in pass order. The digests are read at once; a request's
+    completions are built when it is first looked up: all the run's at once, or those `prefetch` names."""
+
+    def __init__(self, store: StoreBase, run_id: int, digests: dict[str, list[DigestRow]],
+                 requests: Mapping[str, Any]):
+        self.store, self.run_id, self.requests = store, run_id, requests
+        self.digests = digests  # request key -> its outputs' DigestRows, in pass order
+        self._completions: dict[str, list[Completion]] = {}
+        self.payloads = RunPayloads(store, run_id)
+
+    def __getitem__(self, key: str) -> list[Completion]:
+        if key not in self.digests:
+            raise KeyError(key)
+        if key not in self._completions:
+            self._read(None)
+        return self._completions[key]
+
+    def __contains__(self, key) -> bool:
+        return key in self.digests
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.digests)
+
+    def __len__(self) -> int:
+        return len(self.digests)
+
+    def prefetch(self, keys: list[str]) -> None:
+        wanted = [k for k in dict.fromkeys(keys) if k in self.digests and k not in self._completions]
+        for i in range(0, len(wanted), CHUNK):
+            self._read(wanted[i : i + CHUNK])
+        self.payloads.prefetch([c.payload_hash for k in wanted for c in self._completions[k]])
+
+    def _read(self, keys: list[str] | None) -> None:
+        """Build the completions of `keys` (None: of every request not built yet) from their output rows."""
+        outputs = Output.__table__
+        q = (select(outputs.c.request_key, outputs.c.pass_index, outputs.c.concurrency, outputs.c.wave,
+                    outputs.c.position, outputs.c.finish_reason, outputs.c.digest, outputs.c.cached_tokens,
+                    outputs.c.payload_hash)
+             .where(outputs.c.run_id == self.run_id).order_by(outputs.c.pass_index, outputs.c.id))
+        if keys is not None:
+            q = q.where(outputs.c.request_key.in_(keys))
+        built: dict[str, list[Completion]] = {}
+        with self.store.session() as s:
+            for key, pass_index, concurrency, wave, position, finish, digest, cached, payload in s.execute(q):
+                if key not in self._completions:
+                    built.setdefault(key, []).append(StoredCompletion(
+                        key, payload, self.payloads, digest, finish, pass_index=pass_index, concurrency=concurrency,
+                        wave=wave, position=position, cached_tokens=cached, request=self.requests.get(key)))
+        self._completions.update(built)
+
+
+class RunPayloads:
+    """The payloads of one stored run: the first one wanted without `prefetch` reads all of the run's."""
+
+    def __init__(self, store: StoreBase, run_id: int):
+        self.store, self.run_id = store, run_id
+        self._blobs: dict[str, bytes] = {}
+        self._all = False
+
+    def __call__(self, payload_hash: str) -> bytes:
+        if payload_hash not in self._blobs and not self._all:
+            outputs, payloads = Output.__table__, Payload.__table__
+            self._fetch(select(payloads.c.hash, payloads.c.data).distinct()
+                        .join(outputs, outputs.c.payload_hash == payloads.c.hash).where(outputs.c.run_id == self.run_id))
+            self._all = True
+        return self._blobs[payload_hash]
+
+    def prefetch(self, hashes: list[str]) -> None:
+        wanted = [h for h in dict.fromkeys(hashes) if h not in self._blobs]
+        payloads = Payload.__table__
+        for i in range(0, len(wanted), CHUNK):
+            self._fetch(select(payloads.c.hash, payloads.c.data).where(payloads.c.hash.in_(wanted[i : i + CHUNK])))
+
+    def _fetch(self, q) -> None:
+        with self.store.session() as s:
+            self._blobs.update((h, bytes(data)) for h, data in s.execute(q))
+
+
+class StoredRequest:
+    """A stored request row: its key, request hash, location and type at once; its prompt, prompt ids and
+    sampling read (for the whole run, in one query) the first time one is wanted."""
+
+    __slots__ = ("key", "request_hash", "location", "request_type", "_details")
+
+    def __init__(self, key: str, request_hash: str, location: str | None, request_type: str, details: RequestDetails):
+        self.key, self.request_hash, self.location, self.request_type = key, request_hash, location, request_type
+        self._details = details
+
+    @property
+    def prompt(self) -> str:
+        return self._details(self.key)[0]
+
+    @property
+    def prompt_ids(self) -> bytes:
+        return self._details(self.key)[1]
+
+    @property
+    def sampling(self) -> dict:
+        return self._details(self.key)[2]
+
+
+class RequestDetails:
+    """The prompt, prompt ids and sampling of a stored run's requests, read once when first wanted."""
+
+    def __init__(self, store: StoreBase, run_id: int):
+        self.store, self.run_id = store, run_id
+        self._rows: dict[str, tuple] | None = None
+
+    def __call__(self, key: str) -> tuple:
+        if self._rows is None:
+            requests = Request.__table__
+            q = select(requests.c.key, requests.c.prompt, requests.c.prompt_ids, requests.c.sampling).where(
+                requests.c.run_id == self.run_id)
+            with self.store.session() as s:
+                self._rows = {key: (prompt, bytes(ids), sampling) for key, prompt, ids, sampling in s.execute(q)}
+        return self._rows[key]
+
+
+def load_run(store: StoreBase, run, fingerprint: dict) -> RunRecord:
+    """A stored run for comparison: its requests and every output's digest, in two plain queries."""
+    details = RequestDetails(store, run.id)
+    mark = store.placeholders(1)
+    with store.session() as s:
+        requests = {key: StoredRequest(key, request_hash, location, request_type, details)
+                    for key, request_hash, location, request_type in store.select_rows(
+                        s, f"SELECT key, request_hash, location, request_type FROM requests WHERE run_id = {mark} "
+                        "ORDER BY id", (run.id,))}
+        rows = store.select_rows(s, "SELECT pass_index, digest, cached_tokens, request_key FROM outputs "
+                                    f"WHERE run_id = {mark} ORDER BY request_key, pass_index", (run.id,))
+    digests: dict[str, list[DigestRow]] = {}
+    for row in rows:
+        digests.setdefault(row[3], []).append(row)
+    return RunRecord(run=run, fingerprint=fingerprint, requests=requests,
+                     outputs=StoredOutputs(store, run.id, digests, requests))
