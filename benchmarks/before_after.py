@@ -28,7 +28,7 @@ def benchmarks(quick: bool) -> list[list[str]]:
     store = ["store_speed.py", "--json"] + (["--requests", "1000"] if quick else [])
     runs = [store, ["cli_start.py", "--json"] + (["--repeats", "3"] if quick else [])]
     if not quick:
-        runs += [["check_vs_raw.py", "--json"], ["check_vs_raw.py", "--json", "--prompts", "540", "--repeats", "2"]]
+        runs += [["check_vs_raw.py", "--json"], ["check_vs_raw.py", "--json", "--prompts", "540", "--repeats", "1"]]
     return runs
 
 
