@@ -275,7 +275,7 @@ class EncodedPass:
     payload_hashes: list[str]
     payloads: dict[str, bytes]  # payload hash -> blob
     repeats: int  # outputs equal to the same request's output in the previous pass: neither hashed nor encoded
-    # request key -> (its output's signature, digest, payload hash), for the next pass
+    # request key -> (its latest output's signature, digest, payload hash), in this pass or before: for the next
     seen: dict[str, tuple] = field(repr=False, default_factory=dict)
 
 
@@ -293,9 +293,10 @@ def encode_pass(completions: list[Completion], previous: EncodedPass | None = No
     fit 0..65535, else int32; floats to float32 where all of a completion's are exactly float32 (NaN never),
     else float64. Each digest is computed on the same int32 and float64 buffers.
 
-    With `previous` (the run's previous pass, once stored), an output equal to the same request's output
-    there (the same `signature`) takes its digest and payload hash without being hashed or encoded again:
-    what a passing run mostly records."""
+    With `previous` (the run's previous pass, once stored), an output equal to the same request's latest
+    output there (the same `signature`; `seen` carries each request's latest, whichever pass it was in)
+    takes its digest and payload hash without being hashed or encoded again: what a passing run mostly
+    records."""
 
     n = len(completions)
     encoded = EncodedPass([""] * n, [""] * n, {}, 0)
@@ -312,7 +313,9 @@ def encode_pass(completions: list[Completion], previous: EncodedPass | None = No
     encoded.repeats = n - len(fresh)
     if fresh:
         _encode_fresh([completions[i] for i in fresh], fresh, encoded)
-    encoded.seen = {key: (mine, encoded.digests[i], encoded.payload_hashes[i]) for key, (mine, i) in encoded.seen.items()}
+    # a request this pass left out (a rotating or probe pass covers some requests) keeps its earlier output
+    encoded.seen = {**(previous.seen if previous is not None else {}),
+                    **{key: (mine, encoded.digests[i], encoded.payload_hashes[i]) for key, (mine, i) in encoded.seen.items()}}
     return encoded
 
 

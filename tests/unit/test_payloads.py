@@ -361,6 +361,21 @@ def test_a_repeat_of_the_previous_pass_is_recognized_on_the_arrays_and_a_changed
     assert len(fresh.payload_hashes) == len(again)
 
 
+def test_a_request_left_out_of_a_pass_is_still_a_repeat_in_the_next():
+    """A rotating or probe pass covers some requests: the next pass compares each with its latest output."""
+    from evalgate.records import encode_pass
+
+    first = encode_pass(mixed_pass())
+    subset = encode_pass(mixed_pass()[:10], first)
+    last = encode_pass(mixed_pass(), subset)
+    assert subset.repeats == 10 and last.repeats == len(mixed_pass())
+    assert (last.digests, last.payload_hashes, last.payloads) == (first.digests, first.payload_hashes, {})
+    changed = mixed_pass()
+    changed[20].logprobs = changed[20].logprobs.copy()
+    changed[20].logprobs[0] = np.nextafter(changed[20].logprobs[0], 0)
+    assert encode_pass(changed, subset).repeats == len(changed) - 1
+
+
 def first_index(key: str) -> int:
     return [c.key for c in mixed_pass()].index(key)
 
