@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import typer
 
-from . import bisect, cost, demo, gate, history, models, report
+from . import bisect, cost, demo, fuzz, gate, history, models, report
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Gate LLM serving determinism: batch variance and silent regressions, token by token.")
 baseline_app = typer.Typer(no_args_is_help=True, help="Create, accept and list baselines.")
 runs_app = typer.Typer(no_args_is_help=True, help="Look at stored runs.")
 bisect_app = typer.Typer(no_args_is_help=True, help="Find what changed an output: a commit, a setting, a neighbour.")
+trace_app = typer.Typer(no_args_is_help=True, help="Traffic traces: convert a log of your traffic, check a trace.")
 
 app.add_typer(baseline_app, name="baseline")
 app.add_typer(runs_app, name="runs")
 app.add_typer(bisect_app, name="bisect")
+app.add_typer(trace_app, name="trace")
 baseline_app.command("create")(gate.create)
 baseline_app.command("accept")(history.baseline_accept)
 baseline_app.command("list")(history.baseline_list)
@@ -33,6 +35,9 @@ bisect_app.command("batch")(bisect.batch)
 bisect_app.command("show")(bisect.show)
 bisect_app.command("commit-step", hidden=True)(bisect.commit_step)
 app.command("repro")(bisect.repro)
+app.command("fuzz")(fuzz.fuzz)
+trace_app.command("convert")(fuzz.convert)
+trace_app.command("check")(fuzz.check)
 
 
 def main() -> None:

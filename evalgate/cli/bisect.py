@@ -11,13 +11,12 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .common import console, err_console, handled, open_store_for
+from .common import JsonOpt, console, finish, handled, open_store_for, print_trial
 
 DbOpt = typer.Option(None, "--db", help="Database URL or SQLite path (default: the suite's, or ./baselines)")
 SuiteOpt = typer.Option(None, "--suite", help="Take the database from this suite file")
 MaxStepsOpt = typer.Option(64, "--max-steps", help="Stop after this many trials (engine runs)")
 MaxSecondsOpt = typer.Option(3600.0, "--max-seconds", help="Start no trial after this many seconds")
-JsonOpt = typer.Option(None, "--json-report", help="Also write the result as JSON")
 
 
 def _bounds(max_steps: int, max_seconds: float):
@@ -26,24 +25,6 @@ def _bounds(max_steps: int, max_seconds: float):
     if max_steps < 1 or max_seconds <= 0:
         raise typer.BadParameter("must be positive", param_hint="--max-steps/--max-seconds")
     return Bounds(max_steps=max_steps, max_seconds=max_seconds)
-
-
-def _on_trial(step: int, estimate: int, label: str, outcome, seconds: float) -> None:
-    """One line per trial on stderr: readable live in a terminal and afterwards in a CI log."""
-    from rich.markup import escape
-
-    err_console.print(f"[dim]\\[trial {step}/~{estimate}][/] {escape(label)} -> [bold]{outcome.outcome}[/] ({seconds:.1f} s)")
-
-
-def _finish(result, json_report: Optional[Path]) -> None:
-    for line in result.lines():
-        console.print(line, markup=False, soft_wrap=True)
-    if json_report:
-        from ..reports.atomic import atomic_path
-
-        with atomic_path(json_report) as tmp:
-            tmp.write_text(json.dumps(result.to_dict(), indent=2, default=str), encoding="utf-8")
-    raise typer.Exit(result.exit_code)
 
 
 @handled
@@ -61,8 +42,8 @@ def commits(suite: Optional[Path] = typer.Argument(None, help="Suite TOML file, 
     from ..configuration.suite import find_suite
 
     result = bisect_commits(find_suite(suite), good=good, bad=bad, setup=setup, db=db,
-                            bounds=_bounds(max_steps, max_seconds), on_trial=_on_trial)
-    _finish(result, json_report)
+                            bounds=_bounds(max_steps, max_seconds), on_trial=print_trial)
+    finish(result, json_report)
 
 
 @handled
@@ -83,8 +64,8 @@ def config(run_a: int = typer.Argument(..., help="The reference run"),
     from ..bisect.config import bisect_config
 
     result = bisect_config(open_store_for(db, suite), run_a, run_b, bounds=_bounds(max_steps, max_seconds),
-                           on_trial=_on_trial)
-    _finish(result, json_report)
+                           on_trial=print_trial)
+    finish(result, json_report)
 
 
 @handled
@@ -102,8 +83,8 @@ def batch(run_id: int = typer.Argument(..., help="A run in which the request sho
     if on not in ("auto", "tokens", "bits"):
         raise typer.BadParameter("expected tokens, bits or auto", param_hint="--on")
     result = bisect_batch(open_store_for(db, suite), run_id, key, on=on, repro_dir=repro,
-                          bounds=_bounds(max_steps, max_seconds), on_trial=_on_trial)
-    _finish(result, json_report)
+                          bounds=_bounds(max_steps, max_seconds), on_trial=print_trial)
+    finish(result, json_report)
 
 
 @handled

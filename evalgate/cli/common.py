@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import sys
@@ -105,3 +106,25 @@ def progress_bar():
         progress.update(task, completed=done, total=total, description=label)
 
     return progress, update
+
+
+JsonOpt = typer.Option(None, "--json-report", help="Also write the result as JSON")
+
+
+def print_trial(step: int, estimate: int, label: str, outcome, seconds: float) -> None:
+    """One line per trial on stderr: readable live in a terminal and afterwards in a CI log."""
+    from rich.markup import escape
+
+    err_console.print(f"[dim]\\[trial {step}/~{estimate}][/] {escape(label)} -> [bold]{outcome.outcome}[/] ({seconds:.1f} s)")
+
+
+def finish(result, json_report: Path | None) -> None:
+    """Print a bisector's (or fuzz's) result, write its JSON report, exit with its code."""
+    for line in result.lines():
+        console.print(line, markup=False, soft_wrap=True)
+    if json_report:
+        from ..reports.atomic import atomic_path
+
+        with atomic_path(json_report) as tmp:
+            tmp.write_text(json.dumps(result.to_dict(), indent=2, default=str), encoding="utf-8")
+    raise typer.Exit(result.exit_code)

@@ -5,6 +5,10 @@ some passes run while evalgate itself sends random filler prompts to the same se
 requests are batched with strangers. Filler outputs are never recorded. The settings are runtime knobs,
 like the schedule: never identity, but recorded in the run's schedule JSON (`schedule.load`) and, per
 loaded pass, what the filler really did (`timings.passes[].load`). docs/server.md.
+
+`trace = "traffic.jsonl"` replays a recorded trace as the load instead (evalgate/configuration/trace.py,
+evalgate/execution/replay.py): each wave of a loaded pass runs inside one replay of it, on every engine kind
+that places events (`vllm` and `fake` at engine steps, the server kinds at wall-clock offsets).
 """
 
 from __future__ import annotations
@@ -14,11 +18,15 @@ import random
 import string
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from .config import check_keys, fail, typed
+from .config import check_keys, fail, resolve_path, typed
+from .trace import DEFAULT_STEP_SECONDS, Trace, load_trace
 
-LOAD_KEYS = {"filler", "filler_max_tokens", "filler_prompt_words", "rate", "seed", "concurrency", "warmup"}
+LOAD_KEYS = {"filler", "filler_max_tokens", "filler_prompt_words", "rate", "seed", "concurrency", "warmup", "trace",
+             "step_seconds"}
+FILLER_KEYS = ("filler", "filler_max_tokens", "filler_prompt_words", "rate", "warmup")
 
 
 @dataclass(frozen=True)
@@ -30,14 +38,32 @@ class Load:
     seed: int = 0  # filler prompts and arrivals are seeded (per pass: seed + pass index)
     concurrency: tuple[int, ...] | None = None  # passes at these levels run under load; None: every level > 1
     warmup: float = 10.0  # seconds to wait for the server to report the filler running before the pass starts
+    trace: str | None = None  # a trace file replayed as the load instead of the filler (absolute path)
+    step_seconds: float = DEFAULT_STEP_SECONDS  # a trace's `at` seconds per engine step, and back
 
     def applies(self, concurrency: int) -> bool:
         return concurrency in self.concurrency if self.concurrency is not None else concurrency > 1
 
+    def load_trace(self) -> Trace:
+        return load_trace(Path(self.trace))
 
-def parse_load(table: dict, where: str, sec: str, levels: tuple[int, ...]) -> Load:
-    """The suite's [load] table, validated in suite.py's strict style (every error names the field)."""
+
+def parse_load(table: dict, where: str, sec: str, levels: tuple[int, ...], root: Path | None = None) -> Load:
+    """The suite's [load] table, validated in suite.py's strict style (every error names the field). A
+    trace is read and checked here, so a bad one stops the run before anything is stored."""
     check_keys(table, LOAD_KEYS, where, sec)
+    trace = typed(table, "trace", str, where, sec)
+    step_seconds = typed(table, "step_seconds", (int, float), where, sec, default=DEFAULT_STEP_SECONDS)
+    if not (0 < step_seconds <= 60):
+        raise fail(where, f"`{sec}step_seconds` must be between 0 and 60, got {step_seconds}", "e.g. step_seconds = 0.02")
+    if trace is not None:
+        both = [k for k in FILLER_KEYS if k in table]
+        if both:
+            raise fail(where, f"`{sec}{both[0]}` is a filler setting, and `{sec}trace` replaces the filler",
+                       f"remove `{both[0]}` (the trace says what is sent), or remove `trace`")
+        path = resolve_path(root or Path.cwd(), trace, where, f"{sec}trace")
+        load_trace(path)  # every mistake named by line and field, before any engine starts
+        trace = str(path)
 
     def positive(key: str, default: int) -> int:
         value = typed(table, key, int, where, sec, default=default)
@@ -69,7 +95,8 @@ def parse_load(table: dict, where: str, sec: str, levels: tuple[int, ...]) -> Lo
         raise fail(where, f"[load] applies to passes with concurrency > 1, and [schedule] concurrency is {list(levels)}",
                     "add a level > 1 to [schedule] concurrency, or name levels in `load.concurrency`")
     return Load(filler=filler, filler_max_tokens=max_tokens, filler_prompt_words=words, rate=float(rate),
-                seed=typed(table, "seed", int, where, sec, default=0), concurrency=concurrency, warmup=float(warmup))
+                seed=typed(table, "seed", int, where, sec, default=0), concurrency=concurrency, warmup=float(warmup),
+                trace=trace, step_seconds=float(step_seconds))
 
 
 def filler_prompt(rng: random.Random, words: int) -> str:

@@ -179,10 +179,16 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     prompts_file, prompts = _prompts_table(tables["prompts"], root, where, f"{prefix}prompts.", tasks=lm_eval is not None)
     schedule = _schedule_table(tables["schedule"], where, f"{prefix}schedule.")
     if "load" in data:
-        if not engine_cls.accepts_load:
+        traced = isinstance(tables["load"], dict) and "trace" in tables["load"]
+        if traced and engine_cls.placement is None:
+            raise fail(where, f"[{prefix}load] trace: the {engine_cls.kind} engine cannot replay a trace",
+                       'use `engine.kind` "vllm" (exact placement) or a server kind (timed), or remove `trace`')
+        if not traced and not engine_cls.accepts_load:
             raise fail(where, f"[{prefix}load] needs a server engine (filler traffic is sent over HTTP)",
-                       'set `engine.kind` to "openai" or "vllm-server", or remove [load] (docs/server.md)')
-        schedule = dataclasses.replace(schedule, load=parse_load(tables["load"], where, f"{prefix}load.", schedule.concurrency))
+                       'set `engine.kind` to "openai" or "vllm-server", replay a trace (`trace = "traffic.jsonl"`, '
+                       'docs/traffic.md), or remove [load] (docs/server.md)')
+        schedule = dataclasses.replace(schedule, load=parse_load(tables["load"], where, f"{prefix}load.",
+                                                                 schedule.concurrency, root))
 
     # A database from the file is relative to the file; one given on the command line (--db), to the cwd.
     if database:

@@ -51,6 +51,9 @@ class Engine:
     # Whether `generate` honours `cache_salt` (vLLM's per-request prefix-cache namespace): what makes a pass
     # cold (schedule.py). An engine without it records every pass's cache state as `unknown`.
     salts_cache: ClassVar[bool] = False
+    # How a trace's events are placed (evalgate/execution/replay.py): "step" (between engine steps, exact:
+    # `step_session`), "timed" (sent at wall-clock offsets: `under_load` with a trace), None (no replay).
+    placement: ClassVar[str | None] = None
 
     launch_env: dict[str, str]  # allow-listed environment the engine started with (fingerprint `env`)
     tokenizer: Any  # the Hugging Face tokenizer the engine uses (lm-eval requests are tokenized with it)
@@ -134,6 +137,10 @@ class Engine:
         """Submit these requests together (one wave: they share the engine's batches). `cache_salt`: each
         request gets its own prefix-cache namespace, `request_salt(cache_salt, key)` (engines that `salts_cache`),
         so it reuses only blocks that the same request computed under the same salt."""
+        raise NotImplementedError
+
+    def step_session(self):
+        """A replay's engine loop (evalgate/execution/replay.py StepSession): kinds whose placement is "step"."""
         raise NotImplementedError
 
     def reset_cache(self) -> bool:

@@ -22,7 +22,11 @@ for the keys listed in `fake_vary_with_batch`, the size of the wave the request 
   the cache (`cached_tokens` = its prompt length) when the same request already ran under the same salt
   (or unsalted) since the last reset; a key in `fake_vary_with_cache` served from the cache gets different
   tokens from the middle of its output on (a prefix-cache effect);
-- `fake_seconds_per_wave` sleeps that long per wave, so a test can interrupt a run mid-pass.
+- `fake_seconds_per_wave` sleeps that long per wave, so a test can interrupt a run mid-pass;
+- replays (evalgate/execution/replay.py) are step-placed, as on the `vllm` kind: every running request
+  gets one token per step (its first at the step after it arrives); a gated request that shares a step
+  with another counts as crowded; a key in `fake_vary_with_cancel` gets different tokens from the middle
+  of its output on when a neighbour is aborted while it decodes (a planted cancel-path fault, for fuzz).
 
 Every other `[engine]` key is recorded in the engine identity (so changing it is an explained `engine`
 change) and otherwise ignored: a suite switches between `fake` and `vllm` by its `kind` alone.
@@ -47,7 +51,8 @@ from .base import COMMON_KEYS, Engine, EngineConfig
 if TYPE_CHECKING:
     from ..configuration.suite import Suite
 
-FAKE_KEYS = frozenset({"fake_vary_with_batch", "fake_vary_with_cache", "fake_seconds_per_wave"})
+FAKE_KEYS = frozenset({"fake_vary_with_batch", "fake_vary_with_cache", "fake_vary_with_cancel", "fake_seconds_per_wave"})
+VARY_KEYS = ("fake_vary_with_batch", "fake_vary_with_cache", "fake_vary_with_cancel")
 DEFAULT_MAX_MODEL_LEN = 512
 
 
@@ -56,11 +61,12 @@ class FakeEngine(Engine):
     own_keys: ClassVar[frozenset[str]] = COMMON_KEYS | FAKE_KEYS
     can_reset_cache = True
     salts_cache = True
+    placement = "step"
 
     @classmethod
     def parse_config(cls, table: dict, root: Path, where: str, section: str) -> EngineConfig:
         lists = {}
-        for name in ("fake_vary_with_batch", "fake_vary_with_cache"):
+        for name in VARY_KEYS:
             keys = config.typed(table, name, list, where, section, default=[])
             if not all(isinstance(key, str) for key in keys):
                 raise config.fail(where, f"`{section}{name}` must list request ids (strings)", f'e.g. {name} = ["p001"]')
@@ -80,6 +86,7 @@ class FakeEngine(Engine):
         self.weights = model_component(suite.model)["hash"]
         self.vary = set(suite.engine_args["fake_vary_with_batch"])
         self.vary_cached = set(suite.engine_args.get("fake_vary_with_cache", []))
+        self.vary_cancelled = set(suite.engine_args.get("fake_vary_with_cancel", []))
         self._cache: set[tuple[str | None, str]] = set()  # (salt, request key) served since the last reset
         self.delay = suite.engine_args["fake_seconds_per_wave"]
         self._limit = int(suite.engine_args.get("max_model_len", DEFAULT_MAX_MODEL_LEN))
@@ -133,13 +140,21 @@ class FakeEngine(Engine):
     def generate(self, prompts: list[Prompt], cache_salt: str | None = None) -> list[Completion]:
         if self.delay:
             time.sleep(self.delay)
-        hits = [(cache_salt, p.key) in self._cache for p in prompts]
-        self._cache.update((cache_salt, p.key) for p in prompts)
+        hits = [self.cache_hit(p.key, cache_salt) for p in prompts]
         # max_num_seqs = 1: one sequence at a time, as vLLM schedules it, so no request has company
         crowded = len(prompts) > 1 and self.suite.engine_args.get("max_num_seqs") != 1
         return [self._complete(p, crowded=crowded, cached=hit) for p, hit in zip(prompts, hits)]
 
-    def _complete(self, prompt: Prompt, *, crowded: bool, cached: bool) -> Completion:
+    def cache_hit(self, key: str, cache_salt: str | None) -> bool:
+        """Whether the request is served from the cache (it ran under this salt since the last reset)."""
+        hit = (cache_salt, key) in self._cache
+        self._cache.add((cache_salt, key))
+        return hit
+
+    def step_session(self) -> FakeSteps:
+        return FakeSteps(self)
+
+    def _complete(self, prompt: Prompt, *, crowded: bool, cached: bool, cancelled: bool = False) -> Completion:
         prompt_ids = self.tokenize(prompt)
         k = self.suite.sampling["logprobs"]
         if prompt.request_type in SCORING_TYPES:
@@ -154,6 +169,7 @@ class FakeEngine(Engine):
             n = int(self.suite.sampling_for(prompt)["max_tokens"])
             salt = "crowded" if crowded and prompt.key in self.vary else ""
             salt += "cached" if cached and prompt.key in self.vary_cached else ""
+            salt += "cancelled" if cancelled and prompt.key in self.vary_cancelled else ""
             rows = [self._row(prompt_ids, i, k, salt=salt if i >= n // 2 else "") for i in range(n)]
             ids = [row[0][0] for row in rows]
             finish = "length"
@@ -184,6 +200,54 @@ class FakeEngine(Engine):
             if candidate not in ids:
                 ids.append(candidate)
         return ids, [-0.05 - rank - fraction for rank in range(len(ids))]
+
+
+class FakeSteps:
+    """The fake engine's replay loop (replay.StepSession): one token per running request per step."""
+
+    def __init__(self, engine: FakeEngine):
+        self.engine = engine
+        self.running_: dict[str, list[int]] = {}  # id -> [tokens so far, max tokens]
+        self.gated: dict[str, dict] = {}  # key -> prompt and what happened to it
+
+    def add_traffic(self, request_id: str, request, cache_salt: str | None) -> None:
+        self.running_[request_id] = [0, request.max_tokens]
+
+    def add_gated(self, prompt: Prompt, cache_salt: str | None) -> None:
+        n = int(self.engine.suite.sampling_for(prompt)["max_tokens"])
+        self.gated[prompt.key] = {"prompt": prompt, "cached": self.engine.cache_hit(prompt.key, cache_salt),
+                                  "crowded": False, "cancelled": False}
+        self.running_[prompt.key] = [0, n]
+
+    def abort(self, request_id: str) -> None:
+        self.running_.pop(request_id, None)
+        for key, state in self.gated.items():  # a neighbour left while this request decodes
+            if key in self.running_ and 0 < self.running_[key][0] < self.running_[key][1]:
+                state["cancelled"] = True
+
+    def step(self) -> list[tuple[str, int, bool]]:
+        crowded = len(self.running_) > 1 and self.engine.suite.engine_args.get("max_num_seqs") != 1
+        moved = []
+        for request_id, counts in list(self.running_.items()):
+            counts[0] += 1
+            if crowded and request_id in self.gated:
+                self.gated[request_id]["crowded"] = True
+            done = counts[0] >= counts[1]
+            moved.append((request_id, counts[0], done))
+            if done:
+                del self.running_[request_id]
+        return moved
+
+    def running(self) -> int:
+        return len(self.running_)
+
+    def busy(self) -> bool:
+        return bool(self.running_)
+
+    def completion(self, key: str) -> Completion:
+        state = self.gated[key]
+        return self.engine._complete(state["prompt"], crowded=state["crowded"], cached=state["cached"],
+                                     cancelled=state["cancelled"])
 
 
 def _vocab_size(model: Path, fast) -> int:

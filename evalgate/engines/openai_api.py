@@ -272,6 +272,7 @@ class OpenAIEngine(Engine):
     kind = "openai"
     own_keys = OPENAI_KEYS
     accepts_load = True
+    placement = "timed"
     salts_cache = True  # vLLM's OpenAI server takes `cache_salt` in the request body
 
     @classmethod
@@ -510,6 +511,46 @@ class OpenAIEngine(Engine):
         await self.client.call("POST", "/v1/completions", {
             "model": self.served_model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True}, retries=0)
+
+    async def send_trace(self, request) -> None:
+        """One trace request (replay.py): its token ids or text, not retried, not recorded."""
+        prompt = list(request.prompt_ids) if request.prompt_ids is not None else request.text
+        await self.client.call("POST", "/v1/completions", {
+            "model": self.served_model, "prompt": prompt, "max_tokens": request.max_tokens, "temperature": 0.0,
+            "ignore_eos": True}, retries=0)
+
+    def replay_timed(self, trace, prompts: list[Prompt], *, seed: int, cache_salt: str | None,
+                     step_seconds: float) -> tuple[list[Completion], dict]:
+        """The wave's requests at their markers' offsets in a timed replay of `trace` (replay.py)."""
+        from ..configuration.trace import materialize
+
+        requests = materialize(trace, self.encode, seed, step_seconds)  # tokenized before the clock starts
+        return self.loop.run(self._replay(trace, requests, prompts, cache_salt, step_seconds))
+
+    async def _replay(self, trace, requests, prompts, cache_salt, step_seconds):
+        from ..configuration.trace import gated_places
+        from ..execution.replay import TimedTraffic
+
+        traffic = TimedTraffic(trace, requests, self.send_trace, step_seconds)
+        groups: dict[float, list[Prompt]] = {}
+        for prompt, (_, seconds) in zip(prompts, gated_places(trace, len(prompts), step_seconds)):
+            groups.setdefault(seconds, []).append(prompt)
+        arrivals: list[dict] = []
+
+        async def group(seconds: float, members: list[Prompt]) -> list[Completion]:
+            skew = await traffic.wait_until(seconds)
+            running = await self.running_requests()
+            arrivals.extend({"key": p.key, "seconds": seconds, "skew_seconds": skew, "running": running} for p in members)
+            return await self._generate(members, cache_salt)
+
+        await traffic.start()
+        try:
+            results = await asyncio.gather(*(group(t, members) for t, members in groups.items()))
+        finally:
+            stats = await traffic.stop()
+        by_key = {c.key: c for outputs in results for c in outputs}
+        stats["gated_arrivals"] = arrivals
+        return [by_key[p.key] for p in prompts], stats
 
     async def running_requests(self) -> int | None:
         text = await self._optional("GET", "/metrics")

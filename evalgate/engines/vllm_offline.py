@@ -75,6 +75,7 @@ class VllmOfflineEngine(Engine):
     can_reset_cache = True
     salts_cache = True
     starts_probe_engines = True
+    placement = "step"
 
     def __init__(self, suite: Suite):
         self.suite = suite
@@ -159,12 +160,9 @@ class VllmOfflineEngine(Engine):
     def generate(self, prompts: list[Prompt], cache_salt: str | None = None) -> list[Completion]:
         """Submit these requests together (one wave: they share the engine's batches). A scoring request
         (lm-eval loglikelihood) is one engine request per window, all in the same submission."""
-        from vllm import SamplingParams
-
         inputs, params, owner = [], [], []
-        flat = {"flat_logprobs": True} if "flat_logprobs" in SamplingParams.__struct_fields__ else {}
         for i, p in enumerate(prompts):
-            sampling = SamplingParams(**self.suite.sampling_for(p), **flat)
+            sampling = self.sampling_params(p)
             salt = {"cache_salt": request_salt(cache_salt, p.key)} if cache_salt else {}
             if p.request_type in SCORING_TYPES:
                 for context, continuation in p.segments:
@@ -172,10 +170,7 @@ class VllmOfflineEngine(Engine):
                     params.append(sampling)
                     owner.append(i)
             else:
-                if p.prompt_ids is None and p.messages is None:
-                    inputs.append({"prompt": p.text, **salt})
-                else:
-                    inputs.append({"prompt_token_ids": self.tokenize(p), **salt})
+                inputs.append(self.engine_input(p, salt))
                 params.append(sampling)
                 owner.append(i)
         try:
@@ -188,6 +183,21 @@ class VllmOfflineEngine(Engine):
         k = self.suite.sampling["logprobs"]
         return [_scored(p, outs, k, self.tokenizer) if p.request_type in SCORING_TYPES else _completion(p, outs[0], k)
                 for p, outs in zip(prompts, per_request)]
+
+    def sampling_params(self, prompt: Prompt, **overrides):
+        from vllm import SamplingParams
+
+        flat = {"flat_logprobs": True} if "flat_logprobs" in SamplingParams.__struct_fields__ else {}
+        return SamplingParams(**self.suite.sampling_for(prompt), **flat, **overrides)
+
+    def engine_input(self, prompt: Prompt, salt: dict) -> dict:
+        if prompt.prompt_ids is None and prompt.messages is None:
+            return {"prompt": prompt.text, **salt}
+        return {"prompt_token_ids": self.tokenize(prompt), **salt}
+
+    def step_session(self) -> VllmSteps:
+        """Exact placement for a replay (evalgate/execution/replay.py): vLLM's own add_request / step / abort."""
+        return VllmSteps(self)
 
     def reset_cache(self) -> bool:
         return bool(self.llm.reset_prefix_cache())
@@ -203,6 +213,80 @@ class VllmOfflineEngine(Engine):
         import gc
 
         gc.collect()
+
+
+class VllmSteps:
+    """A replay's requests on vLLM's engine loop: `LLMEngine.add_request` between `step()` calls and
+    `abort_request` by id. Traffic streams its new tokens (DELTA: counted for token cancels); a gated request
+    is read once, finished (FINAL_ONLY), with its sampling parameters and logprobs as `generate` has them."""
+
+    def __init__(self, engine: VllmOfflineEngine):
+        self.engine = engine
+        self.core = engine.llm.llm_engine
+        self.tokens: dict[str, int] = {}
+        self.gated: dict[str, tuple[Prompt, Any]] = {}
+
+    def add_traffic(self, request_id: str, request, cache_salt: str | None) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True,
+                                output_kind=RequestOutputKind.DELTA)
+        salt = {"cache_salt": request_salt(cache_salt, "trace")} if cache_salt else {}
+        prompt = ({"prompt_token_ids": list(request.prompt_ids)} if request.prompt_ids is not None
+                  else {"prompt": request.text})
+        self._add(request_id, {**prompt, **salt}, params)
+
+    def add_gated(self, prompt: Prompt, cache_salt: str | None) -> None:
+        from vllm.sampling_params import RequestOutputKind
+
+        if prompt.request_type in SCORING_TYPES:
+            raise ConfigError(f"request {prompt.key!r} is an lm-eval scoring request: a replay gates generation requests",
+                              fix="replay a suite of prompts (scoring requests are prefills, with no decode to disturb)")
+        salt = {"cache_salt": request_salt(cache_salt, prompt.key)} if cache_salt else {}
+        self.gated[prompt.key] = (prompt, None)
+        self._add(prompt.key, self.engine.engine_input(prompt, salt),
+                  self.engine.sampling_params(prompt, output_kind=RequestOutputKind.FINAL_ONLY))
+
+    def _add(self, request_id: str, prompt: dict, params) -> None:
+        try:
+            self.core.add_request(request_id, prompt, params)
+        except Exception as exc:
+            raise EngineError(f"vLLM refused replay request {request_id!r}: {type(exc).__name__}: {exc}") from exc
+        self.tokens[request_id] = 0
+
+    def abort(self, request_id: str) -> None:
+        self.core.abort_request([request_id])
+        self.tokens.pop(request_id, None)
+
+    def step(self) -> list[tuple[str, int, bool]]:
+        try:
+            outputs = self.core.step()
+        except Exception as exc:
+            raise EngineError(f"vLLM failed during a replay step: {type(exc).__name__}: {exc}") from exc
+        moved = []
+        for out in outputs:
+            rid = out.request_id
+            if rid in self.gated:
+                self.gated[rid] = (self.gated[rid][0], out)
+                count = len(out.outputs[0].token_ids)
+            else:
+                count = self.tokens.get(rid, 0) + len(out.outputs[0].token_ids)
+            self.tokens[rid] = count
+            moved.append((rid, count, bool(out.finished)))
+            if out.finished:
+                self.tokens.pop(rid, None)
+        return moved
+
+    def running(self) -> int:
+        return len(self.tokens)
+
+    def busy(self) -> bool:
+        return bool(self.tokens) or self.core.has_unfinished_requests()
+
+    def completion(self, key: str) -> Completion:
+        prompt, out = self.gated[key]
+        return _completion(prompt, out, self.engine.suite.sampling["logprobs"])
 
 
 def rejected_by_config(exc: BaseException) -> bool:

@@ -19,12 +19,14 @@ from ..configuration.prompts import SCORING_TYPES
 from ..configuration.schedule import ROTATING, UNKNOWN, Pass, Schedule, in_sample, plan_passes, waves
 from ..configuration.shard import Shard
 from ..configuration.suite import Suite
+from ..configuration.trace import DEFAULT_STEP_SECONDS
 from ..engines import Engine, start_engine
 from ..errors import ConfigError, EngineError, EvalgateError
 from ..fingerprint import build_fingerprint
 from ..records import Completion
 from ..store import Store
 from .probes import Wave, WaveContext, get_probe
+from .replay import replay, total_stats
 
 # progress(done, total, label): requests completed across all passes.
 Progress = Callable[[int, int, str], None]
@@ -235,7 +237,7 @@ def plan_for(schedule: Schedule, engine: Engine, suite: Suite,
         generating=sum(1 for p in suite.prompts if p.request_type not in SCORING_TYPES),
         longest_prompt=max((len(ids) for ids in prompt_ids.values()), default=0),
         max_model_len=engine.max_model_len, capture_sizes=engine.capture_sizes, kv_block_size=engine.kv_block_size,
-        starts_engines=engine.starts_probe_engines, prefix_caching=engine.prefix_caching)
+        starts_engines=engine.starts_probe_engines, prefix_caching=engine.prefix_caching, placement=engine.placement)
     probes, probes_not_run = plan_probes(schedule.probes, context)
     return passes + probes, not_run + probes_not_run
 
@@ -280,16 +282,29 @@ def _run_passes(plan: RunPlan, store: Store, engine: Engine, run_id: int, timing
         before = probe.before(engine) if probe else None
         pass_outputs = []
         wave_seconds: list[float] = []
-        # [load]: a server engine keeps filler traffic running through this pass (evalgate/configuration/load.py)
+        # [load]: a server engine keeps filler traffic running through this pass (evalgate/configuration/load.py),
+        # or each wave runs inside one replay of the trace (evalgate/execution/replay.py)
         loaded = load is not None and load.applies(pass_.concurrency) and not pass_.probe
-        with (engine.under_load(load, pass_) if loaded else contextlib.nullcontext({})) as load_stats:
+        trace = load.load_trace() if loaded and load.trace else None
+        replays: list[dict] = []
+        filler = loaded and trace is None
+        with (engine.under_load(load, pass_) if filler else contextlib.nullcontext({})) as load_stats:
             context = WaveContext(schedule, engine, by_key, prompt_ids, first_pass)
             for wave_index, wave in enumerate(pass_waves(pass_, keys, context)):
                 if plan.cold_waves:
                     engine.reset_cache()
                 t0 = time.perf_counter()
-                completions = (engine.generate(wave.prompts, cache_salt=f"{salt}-{pass_.salt_of}") if salt
-                               else engine.generate(wave.prompts))
+                cache_salt = f"{salt}-{pass_.salt_of}" if salt else None
+                if wave.trace is not None or trace is not None:
+                    # the traffic runs cold in each replay, so every replay is the same schedule
+                    completions, stats = replay(
+                        engine, wave.trace or trace, wave.prompts, seed=load.seed if load else schedule.seed,
+                        cache_salt=cache_salt, traffic_salt=f"{salt}-{pass_.index}-{wave_index}-trace" if salt else None,
+                        step_seconds=load.step_seconds if load else DEFAULT_STEP_SECONDS)
+                    replays.append(stats)
+                else:
+                    completions = (engine.generate(wave.prompts, cache_salt=cache_salt) if salt
+                                   else engine.generate(wave.prompts))
                 wave_seconds.append(time.perf_counter() - t0)
                 timings.add("inference", wave_seconds[-1])
                 if len(completions) != len(wave.prompts):
@@ -302,9 +317,11 @@ def _run_passes(plan: RunPlan, store: Store, engine: Engine, run_id: int, timing
                 done += len(recorded)
                 if progress:
                     progress(min(done, total), total, pass_.label)
+        if replays:
+            load_stats = total_stats(replays)
         if pass_.index == 0:
             first_pass = {c.key: c for c in pass_outputs}
-        proof, unproven = probe.proof(engine, before) if probe else ({}, None)
+        proof, unproven = probe.proof(engine, before, pass_outputs) if probe else ({}, None)
         if unproven:
             dropped.append((pass_, unproven))
         # Per-pass throughput figures (read by `evalgate cost` and benchmarks/); a wave's time is the latency
@@ -313,7 +330,7 @@ def _run_passes(plan: RunPlan, store: Store, engine: Engine, run_id: int, timing
             "index": pass_.index, "concurrency": pass_.concurrency, "cache": pass_.cache, "probe": pass_.probe,
             "requests": len(pass_outputs),
             "output_tokens": sum(len(c.output_ids) for c in pass_outputs),
-            "seconds": sum(wave_seconds), "wave_seconds": wave_seconds, **({"load": load_stats} if loaded else {}),
+            "seconds": sum(wave_seconds), "wave_seconds": wave_seconds, **({"load": load_stats} if loaded or replays else {}),
             **proof,
         })
         t0 = time.perf_counter()

@@ -6,6 +6,7 @@ through the real CLI at real client concurrency.
 - `openai`: one server started here (module scope, with an API key) serves the engine tests: its outputs
   equal the in-process engine's token for token and bit for bit; the key is never stored or printed.
 - Batch variance under a busy batch: the 52M bf16 model, alone vs concurrency 16 with filler load.
+- A trace replayed against the server (timed placement): what was sent, completed and cancelled matches it.
 - A server killed mid-run: exit 3, the run incomplete, nothing promoted.
 """
 
@@ -205,6 +206,31 @@ def test_batch_variance_under_busy_batch(cli, tmp_path, variance_source):
     assert loaded[0]["load"]["sent"] >= 16
     print(f"variance under load: {varied}/{source.n} ({tokens} in token ids); filler {loaded[0]['load']};",
           _throughput(passes))
+
+
+def test_a_trace_replayed_against_the_server_is_recorded_as_it_happened(key_cli, tmp_path, tiny_model, api_server):
+    """Timed placement: each event at its offset, a cancel closing its connection after its seconds, the
+    gated requests at their marker. The replay's record matches the trace."""
+    trace = [{"at": 0.0, "tokens": 40, "max_tokens": 8},
+             {"at": 0.05, "tokens": 60, "max_tokens": 300, "cancel_after": 0.2},  # far from done after 0.2 s
+             {"at": 0.1, "gated": True},
+             {"at": 0.15, "prompt": "a text prompt", "max_tokens": 300, "cancel_after": {"tokens": 5}},
+             {"at": 0.3, "tokens": 20, "max_tokens": 4}]
+    ws = tmp_path / "ws"
+    suite = serving_suite(ws, tiny_model, PROMPTS[:4], url=api_server.url, served=str(tiny_model), concurrency=(4,),
+                          max_tokens=8, extra='\n[load]\ntrace = "traffic.jsonl"\nconcurrency = [4]\n')
+    suite.write_text(suite.read_text().replace("hot_pass = true", "hot_pass = false"))
+    (ws / "traffic.jsonl").write_text("".join(json.dumps(e) + "\n" for e in trace))
+    key_cli("baseline", "create", suite, check=0)
+    [loaded] = [p["load"] for p in _passes(database_url(suite), 1) if "load" in p]
+    assert (loaded["placement"], loaded["sent"], loaded["completed"], loaded["cancelled"], loaded["failed"]) == (
+        "timed", 4, 2, 2, 0)
+    [wave] = loaded["waves"]
+    assert wave["unsent"] == 0 and 0 <= loaded["max_skew_seconds"] < 1.0
+    arrivals = wave["gated_arrivals"]
+    assert [a["key"] for a in arrivals] == ["p000", "p001", "p002", "p003"] and {a["seconds"] for a in arrivals} == {0.1}
+    assert all(0 <= a["skew_seconds"] < 1.0 for a in arrivals) and all(a["running"] is not None for a in arrivals)
+    assert db_query(database_url(suite), "select count(*) from outputs") == [(4,)]  # the trace's own: never stored
 
 
 def test_server_killed_mid_run(key_cli, tmp_path, tiny_model, cli_env):

@@ -14,10 +14,12 @@ lives on its class:
 - `engine_args(context)`: settings over the suite's for a probe that needs an engine of its own (those
   run last, each in its own engine, one engine in memory at a time); None: the run's engine;
 - `waves(pass_, keys, context)`: what is submitted together, with companion requests (fillers, warmers)
-  that share the engine's batches but are never stored or judged;
+  that share the engine's batches but are never stored or judged, or a trace each wave is replayed in
+  (`Wave.trace`: neighbours that arrive and leave at given engine steps);
 - `label(reference, other)`: what changed, for people;
-- `before(engine)` / `proof(engine, before)`: how it proves it ran (vLLM's preemption counter): figures
-  recorded with the pass, and the reason when it did not happen (the pass is then reported as not run).
+- `before(engine)` / `proof(engine, before, outputs)`: how it proves it ran (vLLM's preemption counter, the
+  outputs' cached-token counts): figures recorded with the pass, and the reason when it did not happen
+  (the pass is then reported as not run).
 
 Adding a probe: docs/design.md, "Adding a probe".
 """
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 from ...configuration.prompts import Prompt
 from ...configuration.schedule import Pass, Schedule
+from ...configuration.trace import Trace
 
 if TYPE_CHECKING:
     from ...engines import Engine
@@ -42,10 +45,12 @@ AddPass = Callable[..., int]
 
 @dataclass(frozen=True)
 class Wave:
-    """Requests submitted together. `recorded[i]` False: a companion (filler, warmer), never stored."""
+    """Requests submitted together. `recorded[i]` False: a companion (filler, warmer), never stored.
+    `trace`: the wave's requests run at their places in one replay of it (evalgate/execution/replay.py)."""
 
     prompts: list[Prompt]
     recorded: list[bool]
+    trace: Trace | None = None
 
     @classmethod
     def of(cls, prompts: list[Prompt]) -> Wave:
@@ -67,6 +72,7 @@ class PlanContext:
     kv_block_size: int | None
     starts_engines: bool  # whether the engine kind can start another engine with other settings
     prefix_caching: bool | None
+    placement: str | None = None  # how the engine places a trace's events (Engine.placement): "step" is exact
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,6 @@ class Probe:
         """State read before the pass runs, for `proof`."""
         return None
 
-    def proof(self, engine: Engine, before: Any) -> tuple[dict[str, Any], str | None]:
+    def proof(self, engine: Engine, before: Any, outputs: list[Completion]) -> tuple[dict[str, Any], str | None]:
         """Figures recorded with the pass, and the reason the pass proved nothing (None: it did)."""
         return {}, None

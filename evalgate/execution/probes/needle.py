@@ -50,12 +50,17 @@ def filler_tokens(needle_filler_tokens: int, max_model_len: int, longest_request
     return max(1, min(wanted, max_model_len - longest_request - 1))
 
 
+def needle_unit(engine) -> list[int]:
+    """The filler text's token ids: long fillers repeat them (the eviction probe's too)."""
+    return engine.encode(FILLER_TEXT) or [1]
+
+
 def needle_fillers(context: WaveContext) -> list[Prompt]:
     """`needle_batch` long filler requests of token ids (deterministic)."""
     schedule, engine = context.schedule, context.engine
     longest = max((len(ids) for ids in context.prompt_ids.values()), default=0)
     length = filler_tokens(schedule.needle_filler_tokens, engine.max_model_len, longest)
-    unit = engine.encode(FILLER_TEXT) or [1]
+    unit = needle_unit(engine)
     fillers = []
     for i in range(schedule.needle_batch):
         ids = (unit * (length // len(unit) + 2))[i % len(unit):][:length]

@@ -36,7 +36,7 @@ class Preemption(Probe):
     def before(self, engine) -> Any:
         return engine.preemptions()
 
-    def proof(self, engine, before: Any) -> tuple[dict[str, Any], str | None]:
+    def proof(self, engine, before: Any, outputs) -> tuple[dict[str, Any], str | None]:
         after = engine.preemptions()
         preemptions = None if after is None or before is None else after - before
         if preemptions:

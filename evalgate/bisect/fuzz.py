@@ -1,0 +1,468 @@
+"""`evalgate fuzz SUITE --budget 10m`: search traffic for a schedule that changes a gated output, then
+shrink it to a repro.
+
+1. In ONE engine process: every gated request alone, cold (its reference); then trials. Trial 0 replays
+   the seed trace (`--trace`, else `[load] trace`, else a synthetic one); trial n replays the seed with
+   1 + n // 10 random mutations (mutate.py). Each trial is step-placed (replay.py: the same schedule
+   every time), every gated request is compared bit for bit with its reference, and the trial is stored
+   at once (`bisect_trials`: an interrupted fuzz can be read with `evalgate bisect show`). The search
+   stops at the first trial that changes an output, or when --budget / --max-trials is spent.
+2. Shrink, in the same engine: the request that changed is kept gated, the other gated requests become
+   plain events, every event carries its token ids, and delta debugging (ddmin.py) finds a 1-minimal set
+   of events that still changes it.
+3. Verify in a FRESH engine process: alone, then the shrunk trace; it must change again.
+4. A repro pack: the trace, the request, the outputs, and a plain vLLM script replaying the same steps.
+
+Exit codes, as the bisectors': 0 found (and reproduced), 1 not found within the budget (or it did not
+reproduce in a fresh engine), 2 bad input, 3 engine/infrastructure.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..configuration.prompts import SCORING_TYPES, Prompt
+from ..configuration.suite import Suite, load_suite
+from ..configuration.trace import Event, Trace, gated_places, load_trace, materialize, parse_trace
+from ..errors import ConfigError
+from ..judgement.compare import first_divergence, max_logprob_delta
+from ..records import Completion
+from .ddmin import BudgetExhausted, ddmin
+from .mutate import Shape, in_steps, mutate, synthetic_trace
+from .session import Bisection, Bounds, TrialCallback, TrialOutcome
+from .trials import same
+
+KIND = "fuzz"
+SHRINK_TRIALS = 200  # ddmin's own bound (--shrink-trials), over the search's
+
+
+@dataclass
+class FuzzResult:
+    session_id: int
+    suite_name: str
+    status: str = "not_found"  # found | not_found
+    key: str | None = None
+    trials: int = 0
+    search_trials: int = 0
+    seconds: float = 0.0
+    engine_seconds: float = 0.0
+    seed_events: int = 0
+    mutations: list[str] = field(default_factory=list)
+    trace: str | None = None  # the trial that changed an output (JSONL)
+    shrunk: str | None = None  # its 1-minimal events (JSONL)
+    shrunk_events: int | None = None
+    proven_minimal: bool = False
+    reproduced: bool | None = None
+    divergence: dict | None = None
+    reference_ids: list[int] | None = None
+    observed_ids: list[int] | None = None
+    best: dict | None = None  # the best candidate: the smallest trace found that changes the output
+    repro_dir: str | None = None
+    reason: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.status == "found" and self.reproduced else 1
+
+    @property
+    def trials_per_engine_minute(self) -> float:
+        return self.trials / (self.engine_seconds / 60) if self.engine_seconds else 0.0
+
+    def to_dict(self) -> dict:
+        return {"fuzz": self.session_id, **{k: v for k, v in vars(self).items() if k != "session_id"},
+                "trials_per_engine_minute": round(self.trials_per_engine_minute, 2)}
+
+    def lines(self) -> list[str]:
+        head = f"fuzz {self.session_id} — suite {self.suite_name!r}: "
+        rate = f"{self.trials} trials in {self.seconds:.0f} s ({self.trials_per_engine_minute:.1f} per engine-minute)"
+        if self.status != "found":
+            return [head + f"NOT FOUND: no trial changed an output ({self.search_trials} search trials, {rate})",
+                    f"  {self.reason}" if self.reason else "  raise --budget or --max-trials, or seed it with --trace"]
+        div = self.divergence or {}
+        lines = [head + f"FOUND: request {self.key!r} changes under trial {self.search_trials} "
+                        f"({' + '.join(self.mutations)}), at token {div.get('position')} ({div.get('kind')})",
+                 f"  shrunk to {self.shrunk_events} event(s)" + (" (1-minimal)" if self.proven_minimal else
+                                                                 " (not proven minimal: the budget ran out)"),
+                 "  reproduced in a fresh engine" if self.reproduced else
+                 f"  did NOT reproduce in a fresh engine: {self.reason or 'the output equalled its alone reference'}",
+                 f"  {rate}"]
+        if self.repro_dir:
+            lines.append(f"repro pack: {self.repro_dir} (run: python {Path(self.repro_dir) / 'repro.py'})")
+        return lines
+
+
+def parse_budget(text: str) -> float:
+    """'90s', '10m', '1h', or plain seconds."""
+    value = text.strip().lower()
+    scale = {"s": 1, "m": 60, "h": 3600}.get(value[-1:], None)
+    try:
+        seconds = float(value[:-1] if scale else value) * (scale or 1)
+    except ValueError:
+        seconds = -1
+    if not seconds > 0:
+        raise ConfigError(f"--budget {text!r}: not a duration", fix="write e.g. --budget 10m, 90s or 1h")
+    return seconds
+
+
+def gated_prompts(suite: Suite, keys: list[str] | None) -> list[Prompt]:
+    prompts = [p for p in suite.prompts if p.request_type not in SCORING_TYPES]
+    if keys:
+        known = {p.key for p in prompts}
+        missing = [k for k in keys if k not in known]
+        if missing:
+            raise ConfigError(f"{suite.path}: no generation request {missing[0]!r}",
+                              fix="pass --key with a request id of the prompts file")
+        prompts = [p for p in prompts if p.key in keys]
+    if not prompts:
+        raise ConfigError(f"{suite.path}: no generation requests to gate", fix="fuzz a suite with prompts")
+    return prompts
+
+
+def fuzz(suite_path: Path, *, budget: float, max_trials: int = 1000, keys: list[str] | None = None,
+         trace_path: Path | None = None, events: int = 8, seed: int = 0, repro_dir: Path | None = None,
+         database: str | None = None, shrink_trials: int = SHRINK_TRIALS,
+         on_trial: TrialCallback | None = None) -> FuzzResult:
+    from ..engines import engine_class
+    from ..execution.worker import call_in_worker, engine_log_path
+    from ..store import open_store
+
+    suite = load_suite(suite_path, database=database)
+    placement = engine_class(suite.engine_kind).placement
+    if placement != "step":
+        raise ConfigError(f"{suite.path}: fuzz needs exact placement, and the {suite.engine_kind} engine places "
+                          f"events {'by wall clock' if placement else 'not at all'}",
+                          fix='fuzz with `engine.kind = "vllm"` (events land between engine steps, so a shrunk trace '
+                              "replays the same schedule); replay a trace against a server with [load] trace")
+    if min(max_trials, events, shrink_trials) < 1:
+        raise ConfigError("--max-trials, --shrink-trials and --events must be >= 1", fix="e.g. --max-trials 200 --events 8")
+    gated_prompts(suite, keys)
+    load = suite.schedule.load
+    seed_trace = load_trace(trace_path) if trace_path else (load.load_trace() if load and load.trace else None)
+    step_seconds = load.step_seconds if load else 0.02
+    if repro_dir is not None and repro_dir.exists() and (not repro_dir.is_dir() or any(repro_dir.iterdir())):
+        raise ConfigError(f"{repro_dir} exists and is not an empty directory", fix="name a new directory for --repro")
+    store = open_store(suite.database)
+    subject = {"suite": str(suite.path), "budget_seconds": budget, "max_trials": max_trials, "keys": keys,
+               "seed_trace": seed_trace.source if seed_trace else f"synthetic ({events} events)", "seed": seed}
+    bisection = Bisection(store, KIND, suite.name, subject, on_trial=on_trial,
+                          bounds=Bounds(max_steps=max_trials + shrink_trials + 2, max_seconds=2 * budget + 600))
+    result = FuzzResult(bisection.session_id, suite.name)
+    started = time.monotonic()
+
+    def forward(step: int, estimate: int, message: str) -> None:
+        doc = json.loads(message)
+        if on_trial:
+            on_trial(step, estimate, doc["label"], TrialOutcome(doc["outcome"], detail=doc.get("detail", {})), doc["seconds"])
+
+    common = dict(suite=suite, keys=keys, seed=seed, url=store.url, session_id=bisection.session_id, subject=subject,
+                  step_seconds=step_seconds)
+    engine_log = engine_log_path(suite, "fuzz")
+    with bisection.guard():
+        found = call_in_worker(_search_job, dict(common, seed_trace=seed_trace.to_jsonl() if seed_trace else None,
+                                                 events=events,
+                                                 budget=budget, max_trials=max_trials, shrink_trials=shrink_trials),
+                               url=store.url, progress=forward, engine_log=engine_log)
+        for name in ("status", "key", "search_trials", "seed_events", "mutations", "trace", "shrunk", "shrunk_events",
+                     "proven_minimal", "divergence", "reference_ids", "observed_ids", "best", "reason", "engine_seconds"):
+            setattr(result, name, found[name])
+        result.trials = found["trials"]
+        if result.status == "found" and result.shrunk:
+            verify = call_in_worker(_verify_job, dict(common, shrunk=result.shrunk, key=result.key,
+                                                      trials_done=result.trials),
+                                    url=store.url, progress=forward, engine_log=engine_log)
+            result.reproduced, result.trials = verify["reproduced"], verify["trials"]
+            result.engine_seconds += verify["engine_seconds"]
+            if not result.reproduced:
+                result.reason = "the shrunk trace left the output equal to its alone reference in a fresh engine"
+            if repro_dir is None:
+                repro_dir = suite.root / ".evalgate" / "fuzz" / str(bisection.session_id)
+            result.repro_dir = str(write_pack(repro_dir, suite, result, step_seconds))
+        result.seconds = time.monotonic() - started
+        bisection.finish("complete" if result.exit_code == 0 else "inconclusive", result.to_dict())
+    return result
+
+
+# --- in the engine process ------------------------------------------------------------------------------------
+
+class _Trials:
+    """One engine, the gated requests' alone references, and a Bisection that stores every replay."""
+
+    def __init__(self, *, suite: Suite, keys, seed, url, session_id, subject, step_seconds, progress, trials_done=0):
+        from ..engines import start_engine
+        from ..execution.runner import tokenize_prompts
+        from ..store import open_store
+
+        def relay(step, estimate, label, outcome, seconds):
+            progress(step, estimate, json.dumps({"label": label, "outcome": outcome.outcome, "seconds": seconds,
+                                                 "detail": outcome.detail}, default=str))
+
+        t0 = time.monotonic()
+        self.bisection = Bisection(open_store(url), KIND, suite.name, subject, on_trial=relay, session_id=session_id,
+                                   bounds=Bounds(max_steps=10**9, max_seconds=float("inf")))
+        self.bisection.steps = self.bisection.estimate = trials_done
+        self.engine = start_engine(suite)
+        tokenize_prompts(suite, self.engine)  # a prompt that does not fit: exit 2, before any trial
+        self.prompts = gated_prompts(suite, keys)
+        self.seed, self.step_seconds = seed, step_seconds
+        self.engine_started = time.monotonic() - t0
+        self.started = t0
+        self.best: dict | None = None
+        self.reference = {p.key: self.engine.generate([p], cache_salt=uuid.uuid4().hex)[0] for p in self.prompts}
+
+    def replay(self, trace: Trace, prompts: list[Prompt]) -> dict[str, Completion]:
+        from ..execution.replay import replay_steps
+
+        fresh = uuid.uuid4().hex  # cold: no trial reuses another's cache, so a trial replays one schedule
+        return replay_steps(self.engine, trace, prompts, seed=self.seed, cache_salt=fresh, traffic_salt=fresh + "-t",
+                            step_seconds=self.step_seconds).outputs
+
+    def trial(self, label: str, trace: Trace, prompts: list[Prompt], *,
+              progress_line: bool = True) -> tuple[list[str], dict[str, Completion]]:
+        """Replay and store one trial; returns the gated keys whose output changed, and the outputs."""
+        got: dict[str, Completion] = {}
+
+        def run() -> TrialOutcome:
+            got.update(self.replay(trace, prompts))
+            changed = [p.key for p in prompts if not same(self.reference[p.key], got[p.key], "bits")]
+            detail: dict[str, Any] = {"changed": changed, "events": len(trace.traffic)}
+            if changed:
+                div = first_divergence(self.reference[changed[0]], got[changed[0]])
+                detail["divergence"] = div.to_dict() if div else None
+                detail["max_logprob_delta"] = max_logprob_delta(self.reference[changed[0]], got[changed[0]])
+                if self.best is None or len(trace.traffic) < self.best["events"]:
+                    self.best = {"trial": self.bisection.steps + 1, "events": len(trace.traffic), "key": changed[0]}
+            return TrialOutcome("bad" if changed else "good", detail=detail)
+
+        if progress_line:  # the search's and the shrink's: elapsed time and the best candidate so far
+            best = f"{self.best['events']} events (trial {self.best['trial']})" if self.best else "none yet"
+            label = f"{label} | {time.monotonic() - self.started:.0f} s | best: {best}"
+        outcome = self.bisection.trial(label,
+                                       {"trace": trace.to_jsonl().splitlines()}, run)
+        return outcome.detail["changed"], got
+
+
+def _search_job(*, seed_trace, events, budget, max_trials, shrink_trials, progress, on_run, **common) -> dict:
+    trials = _Trials(progress=progress, **common)
+    engine = trials.engine
+    t0 = time.monotonic()
+    max_tokens = max(int(trials.engine.suite.sampling_for(p)["max_tokens"]) for p in trials.prompts)
+    shape = Shape(engine.max_model_len, engine.kv_block_size, engine.capture_sizes, max_tokens)
+    rng = random.Random(common["seed"])
+    seed = in_steps(parse_trace(seed_trace.splitlines(), "seed trace"), common["step_seconds"]) if seed_trace \
+        else synthetic_trace(events, rng, shape)
+    out: dict[str, Any] = {"status": "not_found", "key": None, "seed_events": len(seed.traffic), "mutations": [],
+                           "trace": None, "shrunk": None, "shrunk_events": None, "proven_minimal": False,
+                           "divergence": None, "reference_ids": None, "observed_ids": None, "best": None, "reason": ""}
+    found: tuple[Trace, list[str], dict[str, Completion]] | None = None
+    n = 0
+    while n < max_trials and time.monotonic() - t0 < budget:
+        trace, names = (seed, ["seed"]) if n == 0 else mutate(seed, rng, shape, 1 + n // 10)
+        n += 1
+        changed, got = trials.trial(f"trial {n}: {' + '.join(names)} ({len(trace.traffic)} events)", trace, trials.prompts)
+        if changed:
+            found = (trace, names, got)
+            break
+    out["search_trials"] = n
+    if found is None:
+        out["reason"] = (f"--max-trials {max_trials} reached" if n >= max_trials else f"--budget {budget:g} s spent")
+    else:
+        trace, names, got = found
+        key = next(p.key for p in trials.prompts if not same(trials.reference[p.key], got[p.key], "bits"))
+        out.update(status="found", key=key, mutations=names, trace=trace.to_jsonl())
+        shrunk, proven = shrink(trials, trace, key, shrink_trials)
+        target = trials.reference[key]
+        out.update(shrunk=shrunk.to_jsonl() if shrunk else None, shrunk_events=len(shrunk.traffic) if shrunk else None,
+                   proven_minimal=proven, reference_ids=target.output_ids.tolist())
+        observed = trials.replay(shrunk, [_prompt(trials, key)])[key] if shrunk else got[key]
+        div = first_divergence(target, observed)
+        out.update(observed_ids=observed.output_ids.tolist(), divergence=div.to_dict() if div else None)
+        if shrunk is None:
+            out["reason"] = "the change needs the other gated requests where they were: it was not shrunk"
+    out["trials"] = trials.bisection.steps
+    out["best"] = trials.best
+    out["engine_seconds"] = trials.engine_started + (time.monotonic() - t0)
+    return out
+
+
+def _prompt(trials: _Trials, key: str) -> Prompt:
+    return next(p for p in trials.prompts if p.key == key)
+
+
+def isolate(trials: _Trials, trace: Trace, key: str) -> Trace:
+    """The trial's trace with only `key` gated: every other gated request becomes a plain event at its
+    place, and every event carries its token ids (a shrunk subset never loses a shared prefix)."""
+    engine, prompts = trials.engine, trials.prompts
+    places = gated_places(trace, len(prompts), trials.step_seconds)
+    ids = {r.id: r for r in materialize(trace, engine.encode, trials.seed, trials.step_seconds)}
+    events: list[Event] = []
+    for e in trace.traffic:
+        request = ids[e.id]
+        prompt_ids = request.prompt_ids if request.prompt_ids is not None else tuple(engine.encode(request.text))
+        events.append(replace(e, offset=float(request.step), prompt=None, tokens=None, prefix_of=None, prefix_tokens=0,
+                              prompt_ids=prompt_ids))  # in steps already (in_steps)
+    for p, (step, _) in zip(prompts, places):
+        if p.key == key:
+            events.append(Event(0, "gated", float(step), gated=True))
+        else:
+            events.append(Event(0, f"gated-{p.key}", float(step), prompt_ids=tuple(engine.tokenize(p)),
+                                max_tokens=int(engine.suite.sampling_for(p)["max_tokens"])))
+    return Trace(tuple(sorted(events, key=lambda e: e.offset)), "step", trace.source)
+
+
+def shrink(trials: _Trials, trace: Trace, key: str, budget: int = SHRINK_TRIALS) -> tuple[Trace | None, bool]:
+    """A 1-minimal set of the trial's events under which `key` still changes (ddmin), or (None, False)
+    when it does not change with only itself gated."""
+    whole = isolate(trials, trace, key)
+    prompt = [_prompt(trials, key)]
+    marker = [e for e in whole.events if e.gated]
+
+    start = trials.bisection.steps
+
+    def fails(events: list[Event]) -> bool:
+        if trials.bisection.steps - start >= budget:
+            raise BudgetExhausted(f"--shrink-trials {budget} reached")
+        changed, _ = trials.trial(f"shrink: {len(events)} of {len(whole.traffic)} events", whole.with_events(events + marker),
+                                  prompt)
+        return bool(changed)
+
+    if not fails(list(whole.traffic)):
+        return None, False
+    events, proven = ddmin(whole.traffic, fails)
+    return whole.with_events(events + marker), proven
+
+
+def _verify_job(*, shrunk, key, progress, on_run, **common) -> dict:
+    t0 = time.monotonic()
+    trials = _Trials(progress=progress, keys=[key], **{k: v for k, v in common.items() if k != "keys"})
+    trace = parse_trace(shrunk.splitlines(), "shrunk trace")
+    changed, _ = trials.trial(f"verify in a fresh engine: {len(trace.traffic)} events", trace, trials.prompts,
+                              progress_line=False)
+    return {"reproduced": bool(changed), "trials": trials.bisection.steps, "engine_seconds": time.monotonic() - t0}
+
+
+# --- the repro pack -------------------------------------------------------------------------------------------
+
+def write_pack(directory: Path, suite: Suite, result: FuzzResult, step_seconds: float) -> Path:
+    """trace.jsonl (the shrunk events, in steps), request.json, outputs.json, engine.json, repro.py (plain
+    vLLM, no evalgate) and README.md."""
+    from ..fingerprint import env_snapshot
+    from ..reports.atomic import atomic_path
+
+    prompt = next(p for p in suite.prompts if p.key == result.key)
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {
+        "trace.jsonl": result.shrunk or result.trace or "",
+        "request.json": json.dumps({"key": prompt.key, "prompt": prompt.text, "messages": prompt.messages,
+                                    "prompt_ids": list(prompt.prompt_ids) if prompt.prompt_ids else None,
+                                    "sampling": suite.sampling_for(prompt)}, indent=2),
+        "outputs.json": json.dumps({"alone": result.reference_ids, "in_trace": result.observed_ids,
+                                    "divergence": result.divergence, "reproduced": result.reproduced}, indent=2),
+        "engine.json": json.dumps({"model": str(suite.model), "tokenizer": str(suite.tokenizer or suite.model),
+                                   "engine_args": suite.engine_args, "env": env_snapshot(), "seed": 0}, indent=2,
+                                  default=str),
+        "repro.py": REPRO_SCRIPT,
+        "README.md": README.format(key=result.key, session=result.session_id, events=result.shrunk_events,
+                                   mutations=" + ".join(result.mutations), suite=suite.path,
+                                   reproduced="reproduced" if result.reproduced else "did NOT reproduce"),
+    }
+    for name, text in files.items():
+        with atomic_path(directory / name) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+    return directory
+
+
+README = """# evalgate fuzz {session}: request {key!r} changes under this traffic
+
+Found by `evalgate fuzz {suite}` after {mutations}; shrunk to {events} event(s); {reproduced} in a fresh engine.
+
+- `trace.jsonl`: the traffic, one event a line, in engine steps (`step`: when it arrives, `cancel_after.steps`:
+  when its client leaves); the `gated` marker is where the request arrives.
+- `request.json`: the request and its sampling parameters. `outputs.json`: its output alone, and among the traffic.
+- `engine.json`: the model, the vLLM engine arguments and the environment the search ran with.
+
+Run `python repro.py` (vLLM only, no evalgate): it runs the request alone, then replays the trace with
+`LLMEngine.add_request` / `step` / `abort_request`, and exits 0 if the two outputs differ (reproduced), 1 if not.
+"""
+
+REPRO_SCRIPT = '''"""Replays trace.jsonl around the request in request.json with plain vLLM (no evalgate)."""
+import json
+import os
+import sys
+import uuid
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+here = os.path.dirname(os.path.abspath(__file__))
+engine_doc = json.load(open(os.path.join(here, "engine.json")))
+for name, value in engine_doc["env"].items():
+    if value != "<redacted>":
+        os.environ.setdefault(name, value)
+from vllm import LLM, SamplingParams  # noqa: E402
+from vllm.sampling_params import RequestOutputKind  # noqa: E402
+
+request = json.load(open(os.path.join(here, "request.json")))
+events = [json.loads(line) for line in open(os.path.join(here, "trace.jsonl")) if line.strip()]
+args = dict(engine_doc["engine_args"])
+args.setdefault("seed", 0)
+llm = LLM(model=engine_doc["model"], tokenizer=engine_doc["tokenizer"], **args)
+core = llm.llm_engine
+sampling = {k: v for k, v in request["sampling"].items()}
+
+
+def gated_input(salt):
+    if request["prompt_ids"]:
+        return {"prompt_token_ids": request["prompt_ids"], "cache_salt": salt}
+    if request["messages"]:
+        text = llm.get_tokenizer().apply_chat_template(request["messages"], tokenize=False, add_generation_prompt=True)
+        return {"prompt_token_ids": llm.get_tokenizer().encode(text, add_special_tokens=False), "cache_salt": salt}
+    return {"prompt": request["prompt"], "cache_salt": salt}
+
+
+alone = llm.generate([gated_input(uuid.uuid4().hex)], SamplingParams(**sampling), use_tqdm=False)[0].outputs[0]
+arrivals = sorted([(e["step"], i, e) for i, e in enumerate(events)], key=lambda a: (a[0], a[1]))
+active, tokens, step, result = {}, {}, 0, None
+salt = uuid.uuid4().hex
+while arrivals or core.has_unfinished_requests():
+    while arrivals and arrivals[0][0] <= step:
+        _, i, e = arrivals.pop(0)
+        if e.get("gated"):
+            core.add_request("gated", gated_input(salt), SamplingParams(**sampling, output_kind=RequestOutputKind.FINAL_ONLY))
+        else:
+            rid = "trace-" + e["id"]
+            core.add_request(rid, {"prompt_token_ids": e["prompt_ids"], "cache_salt": salt + "-t"},
+                             SamplingParams(max_tokens=e["max_tokens"], temperature=0.0, ignore_eos=True,
+                                            output_kind=RequestOutputKind.DELTA))
+            active[rid] = (e, step)
+            tokens[rid] = 0
+    for rid, (e, arrived) in list(active.items()):
+        cancel = e.get("cancel_after") or {}
+        if (cancel.get("steps") is not None and step - arrived >= cancel["steps"]) or (
+                cancel.get("tokens") is not None and tokens[rid] >= cancel["tokens"]):
+            core.abort_request([rid])
+            del active[rid]
+    if not core.has_unfinished_requests():
+        if arrivals:
+            step = max(step + 1, arrivals[0][0])
+        continue
+    for out in core.step():
+        if out.request_id == "gated":
+            if out.finished:
+                result = out.outputs[0]
+        else:
+            tokens[out.request_id] = tokens.get(out.request_id, 0) + len(out.outputs[0].token_ids)
+            if out.finished:
+                active.pop(out.request_id, None)
+    step += 1
+
+print("alone:    ", list(alone.token_ids))
+print("in trace: ", list(result.token_ids))
+same = list(alone.token_ids) == list(result.token_ids) and all(
+    a[t].logprob == b[t].logprob for a, b, t in zip(alone.logprobs or [], result.logprobs or [], alone.token_ids))
+print("reproduced: the outputs differ" if not same else "not reproduced: the outputs are equal")
+sys.exit(0 if not same else 1)
+'''

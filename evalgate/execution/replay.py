@@ -1,0 +1,208 @@
+"""Replaying a trace (evalgate/configuration/trace.py) with the gated requests at their places in it.
+
+Two placements (docs/traffic.md):
+
+- **exact** (`step`): the in-process kinds (`vllm`, `fake`) hand over a `StepSession`. Events are added
+  between engine steps and aborted by request id, so a replay is the same schedule every time: a request
+  arrives at step s, leaves after n tokens or n steps. What wall-clock timing cannot promise.
+- **timed**: the server kinds send each event at its offset in seconds (`TimedTraffic`, on the engine's
+  event loop) and the gated requests at their markers' offsets; the achieved arrival skew is recorded.
+
+Traffic outputs are never stored. What the replay did is: `sent`, `completed`, `cancelled`, the running
+count when each gated request arrived, and (timed) the arrival skew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..configuration.trace import DEFAULT_STEP_SECONDS, Trace, TraceRequest, gated_places, materialize
+from ..errors import EngineError
+from .probes.base import COMPANION_PREFIX
+
+if TYPE_CHECKING:
+    from ..configuration.prompts import Prompt
+    from ..engines import Engine
+    from ..records import Completion
+
+EXACT, TIMED = "step", "timed"
+TRAFFIC_PREFIX = f"{COMPANION_PREFIX}trace-"
+MAX_STEPS = 1_000_000  # a replay that has not drained by then is an engine that stopped making progress
+
+
+class StepSession(Protocol):
+    """What an in-process engine offers a replay: requests added and aborted between steps."""
+
+    def add_traffic(self, request_id: str, request: TraceRequest, cache_salt: str | None) -> None: ...
+
+    def add_gated(self, prompt: Prompt, cache_salt: str | None) -> None: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def step(self) -> list[tuple[str, int, bool]]:
+        """Run one engine step: (request id, tokens received so far, finished) for each request that moved."""
+
+    def running(self) -> int: ...
+
+    def busy(self) -> bool: ...
+
+    def completion(self, key: str) -> Completion:
+        """A finished gated request's output."""
+
+
+@dataclass
+class ReplayResult:
+    outputs: dict[str, Completion]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def replay_stats(trace: Trace, placement: str) -> dict[str, Any]:
+    return {"placement": placement, "trace": trace.summary(), "sent": 0, "completed": 0, "cancelled": 0,
+            "failed": 0, "gated_arrivals": []}
+
+
+def replay(engine: Engine, trace: Trace, prompts: list[Prompt], *, seed: int, cache_salt: str | None,
+           traffic_salt: str | None, step_seconds: float) -> tuple[list[Completion], dict[str, Any]]:
+    """One wave's requests at their places in one replay of `trace`, as the engine places events. Returns
+    their outputs in the wave's order and what the replay did."""
+    if engine.placement == EXACT:
+        result = replay_steps(engine, trace, prompts, seed=seed, cache_salt=cache_salt, traffic_salt=traffic_salt,
+                              step_seconds=step_seconds)
+        return [result.outputs[p.key] for p in prompts], result.stats
+    if engine.placement == TIMED:
+        return engine.replay_timed(trace, prompts, seed=seed, cache_salt=cache_salt, step_seconds=step_seconds)
+    raise EngineError(f"the {engine.kind} engine cannot replay a trace")
+
+
+def replay_steps(engine: Engine, trace: Trace, gated: list[Prompt], *, seed: int = 0, cache_salt: str | None = None,
+                 traffic_salt: str | None = None, step_seconds: float = DEFAULT_STEP_SECONDS) -> ReplayResult:
+    """Replay `trace` on an in-process engine with the `gated` requests at their places, step by step.
+    `cache_salt`: the gated requests' (per request, as `generate`'s); `traffic_salt`: the traffic's (one
+    namespace: a `prefix` event really shares its blocks)."""
+    requests = materialize(trace, engine.encode, seed, step_seconds)
+    places = gated_places(trace, len(gated), step_seconds)
+    arrivals: list[tuple[int, int, Any]] = [(r.step, i, r) for i, r in enumerate(requests)]
+    arrivals += [(step, len(requests) + i, p) for i, (p, (step, _)) in enumerate(zip(gated, places))]
+    arrivals.sort(key=lambda a: (a[0], a[1]))
+    session: StepSession = engine.step_session()
+    stats = replay_stats(trace, EXACT)
+    active: dict[str, tuple[TraceRequest, int]] = {}  # traffic id -> (request, step it arrived)
+    tokens: dict[str, int] = {}
+    gated_keys = {p.key for p in gated}
+    finished: set[str] = set()
+    step = 0
+    while arrivals or session.busy():
+        while arrivals and arrivals[0][0] <= step:
+            _, _, item = arrivals.pop(0)
+            if isinstance(item, TraceRequest):
+                request_id = TRAFFIC_PREFIX + item.id  # never a suite key (the companions' reserved prefix)
+                session.add_traffic(request_id, item, traffic_salt)
+                active[request_id] = (item, step)
+                stats["sent"] += 1
+            else:
+                stats["gated_arrivals"].append({"key": item.key, "step": step, "running": session.running()})
+                session.add_gated(item, cache_salt)
+        for request_id, (request, arrived) in list(active.items()):
+            leave = request.cancel_steps if request.cancel_steps is not None else (
+                None if request.cancel_seconds is None else max(1, round(request.cancel_seconds / step_seconds)))
+            if (leave is not None and step - arrived >= leave) or (
+                    request.cancel_tokens is not None and tokens.get(request_id, 0) >= request.cancel_tokens):
+                session.abort(request_id)
+                del active[request_id]
+                stats["cancelled"] += 1
+        if not session.busy():
+            if arrivals:
+                step = max(step + 1, arrivals[0][0])  # idle until the next arrival
+            continue
+        for request_id, count, done in session.step():
+            tokens[request_id] = count
+            if done:
+                if request_id in gated_keys:
+                    finished.add(request_id)
+                elif active.pop(request_id, None) is not None:
+                    stats["completed"] += 1
+        step += 1
+        if step > MAX_STEPS:
+            raise EngineError(f"the replay of {trace.source} did not drain in {MAX_STEPS} engine steps")
+    stats["steps"] = step
+    missing = gated_keys - finished
+    if missing:
+        raise EngineError(f"the replay ended without finishing gated requests {sorted(missing)[:5]}")
+    return ReplayResult({p.key: session.completion(p.key) for p in gated}, stats)
+
+
+class TimedTraffic:
+    """A trace sent at its offsets on a server engine's event loop (timed placement). `send(request)` is the
+    engine's coroutine for one un-retried, un-recorded request; a cancel closes it after its seconds (a
+    `tokens` or `steps` cancel is turned into seconds with `step_seconds`: HTTP cannot count tokens
+    without streaming)."""
+
+    def __init__(self, trace: Trace, requests: list[TraceRequest], send, step_seconds: float = DEFAULT_STEP_SECONDS):
+        self.trace, self.requests, self.send, self.step_seconds = trace, requests, send, step_seconds
+        self.stats = replay_stats(trace, TIMED)
+        self.stats["skew_seconds"] = []
+        self._tasks: list[asyncio.Task] = []
+        self._main: asyncio.Task | None = None
+        self.started = 0.0
+
+    async def start(self) -> None:
+        self.started = time.perf_counter()
+        self._main = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        for request in self.requests:
+            delay = request.seconds - (time.perf_counter() - self.started)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self.stats["skew_seconds"].append(round(time.perf_counter() - self.started - request.seconds, 4))
+            self._tasks.append(asyncio.ensure_future(self._one(request)))
+
+    def _leave_after(self, request: TraceRequest) -> float | None:
+        if request.cancel_seconds is not None:
+            return request.cancel_seconds
+        count = request.cancel_tokens if request.cancel_tokens is not None else request.cancel_steps
+        return None if count is None else count * self.step_seconds
+
+    async def _one(self, request: TraceRequest) -> None:
+        self.stats["sent"] += 1
+        leave = self._leave_after(request)
+        try:
+            await asyncio.wait_for(self.send(request), timeout=leave)
+            self.stats["completed"] += 1
+        except asyncio.TimeoutError:
+            self.stats["cancelled"] += 1  # the client left: wait_for closed its connection
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a traffic failure is counted; the gated requests decide the run
+            self.stats["failed"] += 1
+            self.stats["last_error"] = f"{type(exc).__name__}: {exc}"
+
+    async def wait_until(self, seconds: float) -> float:
+        """Sleep until `seconds` into the replay; returns the achieved skew."""
+        delay = seconds - (time.perf_counter() - self.started)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return round(time.perf_counter() - self.started - seconds, 4)
+
+    async def stop(self) -> dict[str, Any]:
+        """Let the traffic already sent finish (or leave, as the trace says), stop sending the rest."""
+        if self._main is not None:
+            self._main.cancel()
+            await asyncio.gather(self._main, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        skews = self.stats.pop("skew_seconds")
+        self.stats["unsent"] = len(self.requests) - self.stats["sent"]
+        self.stats["max_skew_seconds"] = max(skews, default=0.0)
+        return dict(self.stats)
+
+
+def total_stats(waves: list[dict[str, Any]]) -> dict[str, Any]:
+    """A pass's replay record: the totals over its waves' replays, and each wave's own."""
+    totals = {name: sum(w.get(name, 0) for w in waves) for name in ("sent", "completed", "cancelled", "failed")}
+    first = waves[0] if waves else {}
+    skews = [w["max_skew_seconds"] for w in waves if "max_skew_seconds" in w]
+    return {"placement": first.get("placement"), "trace": first.get("trace"), **totals,
+            **({"max_skew_seconds": max(skews)} if skews else {}), "waves": waves}

