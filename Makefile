@@ -30,7 +30,9 @@ lint: setup
 # Every figure before and after, in one run (benchmarks/before_after.py): the store's write, load+judge and
 # size, the CLI's start, and `evalgate check` against raw vLLM doing the same passes (the suite and one 10x
 # larger), on the landed commit before arrays and on this tree. Then the rotating preset's findings and
-# engine time against the full schedule's (two schedules of this tree, side by side).
+# engine time against the full schedule's (two schedules of this tree, side by side). Then fuzz: the planted
+# fault over 20 seeds, trials per engine-minute on vLLM, and the search where this machine varies.
 bench: setup
 	$(VENV)/bin/python benchmarks/before_after.py
 	$(VENV)/bin/python benchmarks/rotation_speed.py --rotation 8 16
+	$(VENV)/bin/python benchmarks/fuzz_speed.py

@@ -51,7 +51,8 @@ class FuzzResult:
     trials: int = 0
     search_trials: int = 0
     seconds: float = 0.0
-    engine_seconds: float = 0.0
+    engine_seconds: float = 0.0  # in engine processes: starts, references and trials
+    engine_start_seconds: float = 0.0  # of which starting them
     seed_events: int = 0
     mutations: list[str] = field(default_factory=list)
     trace: str | None = None  # the trial that changed an output (JSONL)
@@ -169,7 +170,8 @@ def fuzz(suite_path: Path, *, budget: float, max_trials: int = 1000, keys: list[
                                                  budget=budget, max_trials=max_trials, shrink_trials=shrink_trials),
                                url=store.url, progress=forward, engine_log=engine_log)
         for name in ("status", "key", "search_trials", "seed_events", "mutations", "trace", "shrunk", "shrunk_events",
-                     "proven_minimal", "divergence", "reference_ids", "observed_ids", "best", "reason", "engine_seconds"):
+                     "proven_minimal", "divergence", "reference_ids", "observed_ids", "best", "reason", "engine_seconds",
+                     "engine_start_seconds"):
             setattr(result, name, found[name])
         result.trials = found["trials"]
         if result.status == "found" and result.shrunk:
@@ -178,6 +180,7 @@ def fuzz(suite_path: Path, *, budget: float, max_trials: int = 1000, keys: list[
                                     url=store.url, progress=forward, engine_log=engine_log)
             result.reproduced, result.trials = verify["reproduced"], verify["trials"]
             result.engine_seconds += verify["engine_seconds"]
+            result.engine_start_seconds += verify["engine_start_seconds"]
             if not result.reproduced:
                 result.reason = "the shrunk trace left the output equal to its alone reference in a fresh engine"
             if repro_dir is None:
@@ -287,6 +290,7 @@ def _search_job(*, seed_trace, events, budget, max_trials, shrink_trials, progre
     out["trials"] = trials.bisection.steps
     out["best"] = trials.best
     out["engine_seconds"] = trials.engine_started + (time.monotonic() - t0)
+    out["engine_start_seconds"] = trials.engine_started
     return out
 
 
@@ -343,7 +347,8 @@ def _verify_job(*, shrunk, key, progress, on_run, **common) -> dict:
     trace = parse_trace(shrunk.splitlines(), "shrunk trace")
     changed, _ = trials.trial(f"verify in a fresh engine: {len(trace.traffic)} events", trace, trials.prompts,
                               progress_line=False)
-    return {"reproduced": bool(changed), "trials": trials.bisection.steps, "engine_seconds": time.monotonic() - t0}
+    return {"reproduced": bool(changed), "trials": trials.bisection.steps, "engine_seconds": time.monotonic() - t0,
+            "engine_start_seconds": trials.engine_started}
 
 
 # --- the repro pack -------------------------------------------------------------------------------------------
