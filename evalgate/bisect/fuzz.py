@@ -29,7 +29,7 @@ from typing import Any
 
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..configuration.suite import Suite, load_suite
-from ..configuration.trace import Event, Trace, gated_places, load_trace, materialize, parse_trace
+from ..configuration.trace import DEFAULT_STEP_SECONDS, Event, Trace, gated_places, load_trace, materialize, parse_trace
 from ..errors import ConfigError
 from ..judgement.compare import first_divergence, max_logprob_delta
 from ..records import Completion
@@ -145,7 +145,7 @@ def fuzz(suite_path: Path, *, budget: float, max_trials: int = 1000, keys: list[
     gated_prompts(suite, keys)
     load = suite.schedule.load
     seed_trace = load_trace(trace_path) if trace_path else (load.load_trace() if load and load.trace else None)
-    step_seconds = load.step_seconds if load else 0.02
+    step_seconds = load.step_seconds if load else DEFAULT_STEP_SECONDS
     if repro_dir is not None and repro_dir.exists() and (not repro_dir.is_dir() or any(repro_dir.iterdir())):
         raise ConfigError(f"{repro_dir} exists and is not an empty directory", fix="name a new directory for --repro")
     store = open_store(suite.database)
@@ -185,7 +185,7 @@ def fuzz(suite_path: Path, *, budget: float, max_trials: int = 1000, keys: list[
                 result.reason = "the shrunk trace left the output equal to its alone reference in a fresh engine"
             if repro_dir is None:
                 repro_dir = suite.root / ".evalgate" / "fuzz" / str(bisection.session_id)
-            result.repro_dir = str(write_pack(repro_dir, suite, result, step_seconds))
+            result.repro_dir = str(write_pack(repro_dir, suite, result))
         result.seconds = time.monotonic() - started
         bisection.finish("complete" if result.exit_code == 0 else "inconclusive", result.to_dict())
     return result
@@ -310,9 +310,11 @@ def isolate(trials: _Trials, trace: Trace, key: str) -> Trace:
         prompt_ids = request.prompt_ids if request.prompt_ids is not None else tuple(engine.encode(request.text))
         events.append(replace(e, offset=float(request.step), prompt=None, tokens=None, prefix_of=None, prefix_tokens=0,
                               prompt_ids=prompt_ids))  # in steps already (in_steps)
+    taken = {e.id for e in trace.events}
     for p, (step, _) in zip(prompts, places):
         if p.key == key:
-            events.append(Event(0, "gated", float(step), gated=True))
+            events.append(Event(0, next(i for i in ("gated", "gated-marker", f"gated-{key}-marker") if i not in taken),
+                                float(step), gated=True))
         else:
             events.append(Event(0, f"gated-{p.key}", float(step), prompt_ids=tuple(engine.tokenize(p)),
                                 max_tokens=int(engine.suite.sampling_for(p)["max_tokens"])))
@@ -353,7 +355,7 @@ def _verify_job(*, shrunk, key, progress, on_run, **common) -> dict:
 
 # --- the repro pack -------------------------------------------------------------------------------------------
 
-def write_pack(directory: Path, suite: Suite, result: FuzzResult, step_seconds: float) -> Path:
+def write_pack(directory: Path, suite: Suite, result: FuzzResult) -> Path:
     """trace.jsonl (the shrunk events, in steps), request.json, outputs.json, engine.json, repro.py (plain
     vLLM, no evalgate) and README.md."""
     from ..fingerprint import env_snapshot
@@ -362,7 +364,7 @@ def write_pack(directory: Path, suite: Suite, result: FuzzResult, step_seconds: 
     prompt = next(p for p in suite.prompts if p.key == result.key)
     directory.mkdir(parents=True, exist_ok=True)
     files = {
-        "trace.jsonl": result.shrunk or result.trace or "",
+        "trace.jsonl": result.shrunk,
         "request.json": json.dumps({"key": prompt.key, "prompt": prompt.text, "messages": prompt.messages,
                                     "prompt_ids": list(prompt.prompt_ids) if prompt.prompt_ids else None,
                                     "sampling": suite.sampling_for(prompt)}, indent=2),

@@ -67,14 +67,26 @@ def replay_stats(trace: Trace, placement: str) -> dict[str, Any]:
 def replay(engine: Engine, trace: Trace, prompts: list[Prompt], *, seed: int, cache_salt: str | None,
            traffic_salt: str | None, step_seconds: float) -> tuple[list[Completion], dict[str, Any]]:
     """One wave's requests at their places in one replay of `trace`, as the engine places events. Returns
-    their outputs in the wave's order and what the replay did."""
-    if engine.placement == EXACT:
-        result = replay_steps(engine, trace, prompts, seed=seed, cache_salt=cache_salt, traffic_salt=traffic_salt,
+    their outputs in the wave's order and what the replay did. lm-eval scoring requests are prefills with
+    nothing to decode among the traffic: they run as a plain wave beside the replay."""
+    from ..configuration.prompts import SCORING_TYPES
+
+    scored = [p for p in prompts if p.request_type in SCORING_TYPES]
+    gated = [p for p in prompts if p.request_type not in SCORING_TYPES]
+    outputs = {c.key: c for c in engine.generate(scored, cache_salt=cache_salt)} if scored else {}
+    if not gated:
+        stats = replay_stats(trace, engine.placement or "none")
+    elif engine.placement == EXACT:
+        result = replay_steps(engine, trace, gated, seed=seed, cache_salt=cache_salt, traffic_salt=traffic_salt,
                               step_seconds=step_seconds)
-        return [result.outputs[p.key] for p in prompts], result.stats
-    if engine.placement == TIMED:
-        return engine.replay_timed(trace, prompts, seed=seed, cache_salt=cache_salt, step_seconds=step_seconds)
-    raise EngineError(f"the {engine.kind} engine cannot replay a trace")
+        outputs.update(result.outputs)
+        stats = result.stats
+    elif engine.placement == TIMED:
+        completions, stats = engine.replay_timed(trace, gated, seed=seed, cache_salt=cache_salt, step_seconds=step_seconds)
+        outputs.update((c.key, c) for c in completions)
+    else:
+        raise EngineError(f"the {engine.kind} engine cannot replay a trace")
+    return [outputs[p.key] for p in prompts], stats
 
 
 def replay_steps(engine: Engine, trace: Trace, gated: list[Prompt], *, seed: int = 0, cache_salt: str | None = None,
