@@ -9,6 +9,7 @@ The library's front door; the `evalgate` command wraps the same functions:
     print(report.status, report.counts)              # "pass", {"stable": 12, "batch_variance": 0, ...}
     store = evalgate.open_store(suite.database)
     diff = evalgate.compare_runs(store, 3, 7)         # judge run 7 against run 3
+    found = evalgate.fuzz("evalgate.toml", budget=600)  # traffic that changes an output, shrunk (FuzzResult)
 
 Names are imported when first used, so `import evalgate` (and `evalgate --help`) stays light.
 """
@@ -31,6 +32,8 @@ _FRONT_DOOR = {
     "Store": "evalgate.store",
     "Report": "evalgate.judgement.verdict",
     "judge": "evalgate.judgement.verdict",
+    "fuzz": "evalgate.bisect.fuzz",
+    "load_trace": "evalgate.configuration.trace",
 }
 __all__ = sorted(_FRONT_DOOR)
 

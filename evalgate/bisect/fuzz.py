@@ -125,7 +125,7 @@ def gated_prompts(suite: Suite, keys: list[str] | None) -> list[Prompt]:
     return prompts
 
 
-def fuzz(suite_path: Path, *, budget: float, max_trials: int = 1000, keys: list[str] | None = None,
+def fuzz(suite_path: Path | str, *, budget: float, max_trials: int = 1000, keys: list[str] | None = None,
          trace_path: Path | None = None, events: int = 8, seed: int = 0, repro_dir: Path | None = None,
          database: str | None = None, shrink_trials: int = SHRINK_TRIALS,
          on_trial: TrialCallback | None = None) -> FuzzResult:

@@ -39,6 +39,7 @@ class Load:
     concurrency: tuple[int, ...] | None = None  # passes at these levels run under load; None: every level > 1
     warmup: float = 10.0  # seconds to wait for the server to report the filler running before the pass starts
     trace: str | None = None  # a trace file replayed as the load instead of the filler (absolute path)
+    trace_digest: str | None = None  # its content's SHA-256: part of a loaded pass's condition (schedule.Pass)
     step_seconds: float = DEFAULT_STEP_SECONDS  # a trace's `at` seconds per engine step, and back
 
     def applies(self, concurrency: int) -> bool:
@@ -53,6 +54,7 @@ def parse_load(table: dict, where: str, sec: str, levels: tuple[int, ...], root:
     trace is read and checked here, so a bad one stops the run before anything is stored."""
     check_keys(table, LOAD_KEYS, where, sec)
     trace = typed(table, "trace", str, where, sec)
+    trace_digest = None
     step_seconds = typed(table, "step_seconds", (int, float), where, sec, default=DEFAULT_STEP_SECONDS)
     if not (0 < step_seconds <= 60):
         raise fail(where, f"`{sec}step_seconds` must be between 0 and 60, got {step_seconds}", "e.g. step_seconds = 0.02")
@@ -62,7 +64,7 @@ def parse_load(table: dict, where: str, sec: str, levels: tuple[int, ...], root:
             raise fail(where, f"`{sec}{both[0]}` is a filler setting, and `{sec}trace` replaces the filler",
                        f"remove `{both[0]}` (the trace says what is sent), or remove `trace`")
         path = resolve_path(root or Path.cwd(), trace, where, f"{sec}trace")
-        load_trace(path)  # every mistake named by line and field, before any engine starts
+        trace_digest = load_trace(path).digest  # every mistake named by line and field, before any engine starts
         trace = str(path)
 
     def positive(key: str, default: int) -> int:
@@ -96,7 +98,7 @@ def parse_load(table: dict, where: str, sec: str, levels: tuple[int, ...], root:
                     "add a level > 1 to [schedule] concurrency, or name levels in `load.concurrency`")
     return Load(filler=filler, filler_max_tokens=max_tokens, filler_prompt_words=words, rate=float(rate),
                 seed=typed(table, "seed", int, where, sec, default=0), concurrency=concurrency, warmup=float(warmup),
-                trace=trace, step_seconds=float(step_seconds))
+                trace=trace, trace_digest=trace_digest, step_seconds=float(step_seconds))
 
 
 def filler_prompt(rng: random.Random, words: int) -> str:

@@ -70,18 +70,23 @@ class Pass:
     probe: str | None = None  # the probe that added this pass (evalgate/execution/probes/)
     engine_args: str | None = None  # a probe's own engine: its settings over the suite's, as canonical JSON
     sample: str | None = None  # "slot/rotation": only the requests of that rotation slot (rotating preset)
+    traffic: str | None = None  # the trace a loaded pass ran inside ([load] trace): its content digest
+
+    # A check compares a loaded pass with the baseline's only when both ran inside the same trace: outputs
+    # under traffic depend on the traffic wherever the engine is not batch invariant.
 
     @property
     def condition(self) -> tuple:
         """What the pass ran under; equal conditions are comparable across runs (baseline vs check)."""
-        return (self.concurrency, self.order_seed, self.cache, self.probe, self.engine_args)
+        return (self.concurrency, self.order_seed, self.cache, self.probe, self.engine_args, self.traffic)
 
     @property
     def condition_label(self) -> str:
         order = "given order" if self.order_seed is None else f"shuffled (seed {self.order_seed})"
         probe = f", probe {self.probe}" if self.probe else ""
         sample = f", rotation slot {self.sample}" if self.sample else ""
-        return f"concurrency {self.concurrency}, {order}, cache {self.cache}{probe}{sample}"
+        traffic = f", inside trace {self.traffic[:12]}" if self.traffic else ""
+        return f"concurrency {self.concurrency}, {order}, cache {self.cache}{probe}{sample}{traffic}"
 
     @property
     def label(self) -> str:
@@ -105,7 +110,16 @@ def in_sample(key: str, sample: str | None) -> bool:
 
 
 def plan_passes(schedule: Schedule, *, prefix_caching: bool | None = True) -> list[Pass]:
-    """The passes of a run. `prefix_caching`: whether the engine caches prefixes (False: no hot pass)."""
+    """The passes of a run. `prefix_caching`: whether the engine caches prefixes (False: no hot pass).
+    A pass that runs inside a trace ([load] trace) carries the trace's digest in its condition."""
+    load = schedule.load
+    if load is None or load.trace is None:
+        return plan_schedule(schedule, prefix_caching=prefix_caching)
+    return [replace(p, traffic=load.trace_digest) if load.applies(p.concurrency) else p
+            for p in plan_schedule(schedule, prefix_caching=prefix_caching)]
+
+
+def plan_schedule(schedule: Schedule, *, prefix_caching: bool | None = True) -> list[Pass]:
     if schedule.preset == ROTATING:
         return plan_rotating(schedule, prefix_caching=prefix_caching)
     passes: list[Pass] = []

@@ -119,6 +119,13 @@ class Trace:
     def seconds_of(self, event: Event, step_seconds: float = DEFAULT_STEP_SECONDS) -> float:
         return event.offset * step_seconds if self.unit == "step" else event.offset
 
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the events as evalgate reads them (the same trace written differently: the same digest)."""
+        import hashlib
+
+        return hashlib.sha256(self.to_jsonl().encode()).hexdigest()
+
     def to_jsonl(self) -> str:
         return "".join(json.dumps(e.to_json(self.unit)) + "\n" for e in self.events)
 

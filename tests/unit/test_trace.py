@@ -88,3 +88,22 @@ def test_a_prefix_cycle_or_a_forward_reference_is_refused():
         parse_trace(lines({"step": 0, "tokens": 4, "max_tokens": 2},
                           {"step": 1, "tokens": 4, "prefix": {"of": "e3", "tokens": 2}, "max_tokens": 2},
                           {"step": 2, "tokens": 4, "max_tokens": 2}), "t")
+
+
+def test_a_loaded_pass_is_compared_with_the_baselines_only_inside_the_same_trace(tmp_path):
+    from evalgate.configuration.load import parse_load
+    from evalgate.configuration.schedule import Schedule, plan_passes
+    from evalgate.judgement.verdict import matching_passes
+
+    def passes(events: list[dict]) -> list:
+        path = tmp_path / f"t{len(events)}.jsonl"
+        path.write_text("".join(json.dumps(e) + "\n" for e in events))
+        load = parse_load({"trace": path.name}, "suite.toml", "load.", (1, 8), tmp_path)
+        return plan_passes(Schedule(concurrency=(1, 8), shuffles=0, load=load))
+
+    one = [{"step": 0, "tokens": 8, "max_tokens": 4}]
+    baseline, same, other = passes(one), passes(list(one)), passes(one + [{"step": 3, "tokens": 8, "max_tokens": 4}])
+    assert [p.traffic is not None for p in baseline] == [False, False, True]  # pass 0, hot, the loaded c=8 pass
+    assert "inside trace" in baseline[2].condition_label
+    assert [(m.baseline_pass, m.current_pass) for m in matching_passes(baseline, same)] == [(0, 0), (1, 1), (2, 2)]
+    assert [(m.baseline_pass, m.current_pass) for m in matching_passes(baseline, other)] == [(0, 0), (1, 1)]
