@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import database_url, db_query, read_json, write_suite
+from helpers import database_url, db_query, read_json, variance_prompts, write_suite
 
 pytestmark = pytest.mark.e2e
 
@@ -52,7 +52,9 @@ def test_a_step_placed_replay_is_the_same_schedule_and_the_same_outputs_in_two_e
 
 
 def test_the_cancel_and_eviction_probes_happen_on_vllm_and_prove_it(cli, tmp_path, tiny_model):
-    suite = write_suite(tmp_path / "ws", tiny_model, PROMPTS[:3], max_tokens=8, concurrency=(1,), shuffles=0,
+    # two prompts of more than one 128-token CPU cache block (they have cached blocks to evict), one shorter
+    prompts = [variance_prompts(48)[i] for i in (7, 12)] + [PROMPTS[0]]
+    suite = write_suite(tmp_path / "ws", tiny_model, prompts, max_tokens=8, concurrency=(1,), shuffles=0,
                         hot_pass=False, extra_schedule='probes = ["cancel", "eviction"]')
     cli("baseline", "create", suite, "--json-report", tmp_path / "r.json")  # exit 0 or 1: this CPU decides
     report = read_json(tmp_path / "r.json")
@@ -61,7 +63,8 @@ def test_the_cancel_and_eviction_probes_happen_on_vllm_and_prove_it(cli, tmp_pat
     [(schedule,)] = db_query(database_url(suite), "select schedule from runs")
     passes = {p["probe"]: p for p in json.loads(schedule)["timings"]["passes"] if p["probe"]}
     assert passes["cancel"]["load"]["cancelled"] == 4 * 3 and passes["cancel"]["load"]["failed"] == 0
-    assert (passes["eviction"]["evicted"], passes["eviction"]["still_cached"]) == (3, 0)
+    eviction = passes["eviction"]
+    assert (eviction["evicted"], eviction["still_cached"], eviction["shorter_than_a_block"]) == (2, 0, 1)
     # only the gated requests are stored: neither the cancelled neighbours nor the eviction's warmers and fillers
     assert db_query(database_url(suite), "select pass_index, count(*) from outputs group by pass_index") == [
         (0, 3), (1, 3), (2, 3)]

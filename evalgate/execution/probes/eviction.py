@@ -5,8 +5,9 @@ block shows (sglang#22819: KV corruption at a prefix length equal to the block s
 In an engine of its own whose KV cache holds `CAPACITY` requests of max_model_len: the request runs once
 (a companion: it caches its blocks under its own salt), then long fillers under their own salts, one at
 a time, take every block, then the request runs again under the same salt and is recorded. Its recorded
-cached-token count proves the eviction (0: nothing of it was left); a pass in which some request still
-hit the cache is reported as not run. Like `preemption`, it runs after the run's engine is closed, on the
+cached-token count proves the eviction (0: nothing of it was left). Only a request of at least one KV block
+has anything cached to evict: a pass in which none has, or some request still hit the cache, is reported
+as not run. Like `preemption`, it runs after the run's engine is closed, on the
 in-process `vllm` kind only.
 """
 
@@ -55,9 +56,14 @@ class Eviction(Probe):
         return f"eviction: cold→recomputed after its cached prefix was evicted ({other.engine_args})"
 
     def proof(self, engine, before: Any, outputs) -> tuple[dict[str, Any], str | None]:
-        counts = [c.cached_tokens for c in outputs]
+        block = engine.kv_block_size or 16
+        counts = [c.cached_tokens for c in outputs if len(c.prompt_ids) >= block]  # a shorter one caches nothing
         hit = sum(1 for n in counts if n)
-        figures = {"evicted": sum(1 for n in counts if n == 0), "still_cached": hit}
+        figures = {"evicted": sum(1 for n in counts if n == 0), "still_cached": hit,
+                   "shorter_than_a_block": len(outputs) - len(counts)}
+        if not counts:
+            return figures, (f"no request is as long as one KV-cache block ({block} tokens): nothing of them is cached, "
+                             "so nothing can be evicted")
         if any(n is None for n in counts):
             return figures, "the engine does not report cached tokens, so the eviction is unproven"
         if hit:
