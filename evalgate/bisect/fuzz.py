@@ -459,12 +459,14 @@ while arrivals or core.has_unfinished_requests():
     for out in core.step():
         if out.request_id == "gated":
             if out.finished:
-                result = out.outputs[0]
+                result = out.outputs[0]  # the rest of the trace cannot change it
         else:
             tokens[out.request_id] = tokens.get(out.request_id, 0) + len(out.outputs[0].token_ids)
             if out.finished:
                 active.pop(out.request_id, None)
     step += 1
+    if result is not None:
+        break
 
 print("alone:    ", list(alone.token_ids))
 print("in trace: ", list(result.token_ids))

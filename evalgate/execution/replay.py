@@ -60,8 +60,10 @@ class ReplayResult:
 
 
 def replay_stats(trace: Trace, placement: str) -> dict[str, Any]:
+    """What a replay did: sent, completed, cancelled (as the trace says), failed, and once the last gated
+    request finished, `stopped` (still running: aborted) and `unsent` (not yet due)."""
     return {"placement": placement, "trace": trace.summary(), "sent": 0, "completed": 0, "cancelled": 0,
-            "failed": 0, "gated_arrivals": []}
+            "failed": 0, "stopped": 0, "unsent": 0, "gated_arrivals": []}
 
 
 def replay(engine: Engine, trace: Trace, prompts: list[Prompt], *, seed: int, cache_salt: str | None,
@@ -93,7 +95,9 @@ def replay_steps(engine: Engine, trace: Trace, gated: list[Prompt], *, seed: int
                  traffic_salt: str | None = None, step_seconds: float = DEFAULT_STEP_SECONDS) -> ReplayResult:
     """Replay `trace` on an in-process engine with the `gated` requests at their places, step by step.
     `cache_salt`: the gated requests' (per request, as `generate`'s); `traffic_salt`: the traffic's (one
-    namespace: a `prefix` event really shares its blocks)."""
+    namespace: a `prefix` event really shares its blocks). The replay ends when the last gated request
+    finishes: nothing later can change its output, so traffic still running is aborted (`stopped`) and
+    events not yet due are not sent (`unsent`)."""
     requests = materialize(trace, engine.encode, seed, step_seconds)
     places = gated_places(trace, len(gated), step_seconds)
     arrivals: list[tuple[int, int, Any]] = [(r.step, i, r) for i, r in enumerate(requests)]
@@ -137,9 +141,13 @@ def replay_steps(engine: Engine, trace: Trace, gated: list[Prompt], *, seed: int
                 elif active.pop(request_id, None) is not None:
                     stats["completed"] += 1
         step += 1
+        if finished == gated_keys:
+            break
         if step > MAX_STEPS:
             raise EngineError(f"the replay of {trace.source} did not drain in {MAX_STEPS} engine steps")
-    stats["steps"] = step
+    for request_id in active:
+        session.abort(request_id)
+    stats.update(steps=step, stopped=len(active), unsent=len(arrivals))
     missing = gated_keys - finished
     if missing:
         raise EngineError(f"the replay ended without finishing gated requests {sorted(missing)[:5]}")
@@ -200,12 +208,16 @@ class TimedTraffic:
         return round(time.perf_counter() - self.started - seconds, 4)
 
     async def stop(self) -> dict[str, Any]:
-        """Let the traffic already sent finish (or leave, as the trace says), stop sending the rest."""
+        """The gated requests are done: send nothing more, close the traffic still running (`stopped`)."""
         if self._main is not None:
             self._main.cancel()
             await asyncio.gather(self._main, return_exceptions=True)
+        running = [t for t in self._tasks if not t.done()]
+        for task in running:
+            task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         skews = self.stats.pop("skew_seconds")
+        self.stats["stopped"] = len(running)
         self.stats["unsent"] = len(self.requests) - self.stats["sent"]
         self.stats["max_skew_seconds"] = max(skews, default=0.0)
         return dict(self.stats)
@@ -213,7 +225,8 @@ class TimedTraffic:
 
 def total_stats(waves: list[dict[str, Any]]) -> dict[str, Any]:
     """A pass's replay record: the totals over its waves' replays, and each wave's own."""
-    totals = {name: sum(w.get(name, 0) for w in waves) for name in ("sent", "completed", "cancelled", "failed")}
+    totals = {name: sum(w.get(name, 0) for w in waves)
+              for name in ("sent", "completed", "cancelled", "failed", "stopped", "unsent")}
     first = waves[0] if waves else {}
     skews = [w["max_skew_seconds"] for w in waves if "max_skew_seconds" in w]
     return {"placement": first.get("placement"), "trace": first.get("trace"), **totals,

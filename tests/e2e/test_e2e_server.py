@@ -211,20 +211,23 @@ def test_batch_variance_under_busy_batch(cli, tmp_path, variance_source):
 def test_a_trace_replayed_against_the_server_is_recorded_as_it_happened(key_cli, tmp_path, tiny_model, api_server):
     """Timed placement: each event at its offset, a cancel closing its connection after its seconds, the
     gated requests at their marker. The replay's record matches the trace."""
-    trace = [{"at": 0.0, "tokens": 40, "max_tokens": 8},
-             {"at": 0.05, "tokens": 60, "max_tokens": 300, "cancel_after": 0.2},  # far from done after 0.2 s
-             {"at": 0.1, "gated": True},
-             {"at": 0.15, "prompt": "a text prompt", "max_tokens": 300, "cancel_after": {"tokens": 5}},
-             {"at": 0.3, "tokens": 20, "max_tokens": 4}]
+    # every event due before the gated requests (the replay ends when they finish); the two short ones end
+    # before them (4 tokens, sent earlier), the two long ones leave long before their 400 tokens
+    trace = [{"at": 0.0, "tokens": 40, "max_tokens": 4},
+             {"at": 0.02, "tokens": 60, "max_tokens": 400, "cancel_after": 0.05},
+             {"at": 0.04, "prompt": "a text prompt", "max_tokens": 400, "cancel_after": {"tokens": 2}},
+             {"at": 0.06, "tokens": 20, "max_tokens": 4},
+             {"at": 0.1, "gated": True}]
     ws = tmp_path / "ws"
     suite = serving_suite(ws, tiny_model, PROMPTS[:4], url=api_server.url, served=str(tiny_model), concurrency=(4,),
                           max_tokens=8, extra='\n[load]\ntrace = "traffic.jsonl"\nconcurrency = [4]\n')
-    suite.write_text(suite.read_text().replace("hot_pass = true", "hot_pass = false"))
+    suite.write_text(suite.read_text().replace("hot_pass = true", "hot_pass = false")
+                     .replace("[sampling]\n", "[sampling]\nignore_eos = true\n"))  # the gated requests take 8 tokens
     (ws / "traffic.jsonl").write_text("".join(json.dumps(e) + "\n" for e in trace))
     key_cli("baseline", "create", suite, check=0)
     [loaded] = [p["load"] for p in _passes(database_url(suite), 1) if "load" in p]
-    assert (loaded["placement"], loaded["sent"], loaded["completed"], loaded["cancelled"], loaded["failed"]) == (
-        "timed", 4, 2, 2, 0)
+    assert (loaded["placement"], loaded["sent"], loaded["completed"], loaded["cancelled"], loaded["failed"],
+            loaded["stopped"]) == ("timed", 4, 2, 2, 0, 0)
     [wave] = loaded["waves"]
     # the achieved skew is recorded, not bounded here: on a busy 2-core runner the event loop may be late
     assert wave["unsent"] == 0 and loaded["max_skew_seconds"] >= 0

@@ -34,21 +34,24 @@ def test_a_step_placed_replay_is_the_same_schedule_and_the_same_outputs_in_two_e
     ws = tmp_path / "ws"
     suite = write_suite(ws, tiny_model, PROMPTS, max_tokens=8, concurrency=(2,), shuffles=0, hot_pass=False)
     (ws / "traffic.jsonl").write_text("".join(json.dumps(e) + "\n" for e in TRACE))
-    suite.write_text(suite.read_text() + '\n[load]\ntrace = "traffic.jsonl"\n')
+    # ignore_eos: every gated request decodes its 8 tokens, so the replay's end (its last step) is known
+    suite.write_text(suite.read_text().replace("[sampling]\n", "[sampling]\nignore_eos = true\n")
+                     + '\n[load]\ntrace = "traffic.jsonl"\n')
     cli("baseline", "create", suite, check=0)
     checked = cli("check", suite, "--json-report", tmp_path / "check.json", check=0)
     report = read_json(tmp_path / "check.json")
     assert report["status"] == "pass" and report["counts"]["stable"] == len(PROMPTS), checked.stdout[-3000:]
     second, first_run = replay_stats(suite)
     [first] = [p["load"] for p in first_run["timings"]["passes"] if "load" in p]
-    # what vLLM did matches the trace: per wave 4 events sent, the two with a cancel cancelled, two completed
-    assert (second["placement"], second["sent"], second["cancelled"], second["completed"], second["failed"]) == (
-        "step", 8, 4, 4, 0)
+    # what vLLM did matches the trace: per wave 4 events sent, the two with a cancel cancelled, e3 completed,
+    # and e1 (12 tokens from step 0) still running when the gated requests finish at step 9: stopped there
+    assert (second["placement"], second["sent"], second["cancelled"], second["completed"], second["stopped"],
+            second["failed"], second["unsent"]) == ("step", 8, 4, 2, 2, 0, 0)
     # exact placement: the same steps, the same running counts at each gated arrival, in both engines
     arrivals = [[(a["key"], a["step"], a["running"]) for a in w["gated_arrivals"]] for w in second["waves"]]
     assert arrivals == [[(a["key"], a["step"], a["running"]) for a in w["gated_arrivals"]] for w in first["waves"]]
     assert arrivals == [[("p000", 2, 2), ("p001", 2, 3)], [("p002", 2, 2), ("p003", 2, 3)]]
-    assert [w["steps"] for w in second["waves"]] == [w["steps"] for w in first["waves"]]
+    assert [w["steps"] for w in second["waves"]] == [w["steps"] for w in first["waves"]] == [10, 10]
 
 
 def test_the_cancel_and_eviction_probes_happen_on_vllm_and_prove_it(cli, tmp_path, tiny_model):

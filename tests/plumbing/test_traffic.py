@@ -49,6 +49,17 @@ def test_a_trace_is_replayed_around_each_wave_and_what_it_did_is_recorded(inline
     assert "a text prompt" not in json.dumps(schedule)
 
 
+def test_a_replay_ends_when_the_gated_requests_finish(inline_cli, tmp_path, fake_model):
+    trace = [{"step": 0, "tokens": 10, "max_tokens": 40}, {"step": 1, "gated": True}, {"step": 30, "tokens": 10, "max_tokens": 2}]
+    suite = traced_suite(tmp_path, fake_model, trace)
+    inline_cli("baseline", "create", suite, check=0)
+    [(schedule,)] = db_query(database_url(suite), "select schedule from runs")
+    [load] = [p["load"] for p in json.loads(schedule)["timings"]["passes"] if "load" in p]
+    # the gated requests decode 6 tokens from step 1: at step 7 nothing later can change them
+    assert (load["sent"], load["completed"], load["stopped"], load["unsent"]) == (2, 0, 2, 2)
+    assert [w["steps"] for w in load["waves"]] == [7, 7]
+
+
 def test_a_planted_cancel_fault_shows_only_where_the_trace_cancels_a_neighbour_mid_decode(inline_cli, tmp_path,
                                                                                           fake_model):
     no_cancel = [{k: v for k, v in e.items() if k != "cancel_after"} for e in TRACE]
