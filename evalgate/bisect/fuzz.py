@@ -126,7 +126,7 @@ def gated_prompts(suite: Suite, keys: list[str] | None) -> list[Prompt]:
 
 
 def fuzz(suite_path: Path | str, *, budget: float, max_trials: int = 1000, keys: list[str] | None = None,
-         trace_path: Path | None = None, events: int = 8, seed: int = 0, repro_dir: Path | None = None,
+         trace_path: Path | str | None = None, events: int = 8, seed: int = 0, repro_dir: Path | str | None = None,
          database: str | None = None, shrink_trials: int = SHRINK_TRIALS,
          on_trial: TrialCallback | None = None) -> FuzzResult:
     from ..engines import engine_class
@@ -134,6 +134,8 @@ def fuzz(suite_path: Path | str, *, budget: float, max_trials: int = 1000, keys:
     from ..store import open_store
 
     suite = load_suite(suite_path, database=database)
+    trace_path = Path(trace_path) if trace_path is not None else None
+    repro_dir = Path(repro_dir) if repro_dir is not None else None
     placement = engine_class(suite.engine_kind).placement
     if placement != "step":
         raise ConfigError(f"{suite.path}: fuzz needs exact placement, and the {suite.engine_kind} engine places "
