@@ -161,20 +161,26 @@ def read_capped(path: Path, limit: int, what: str, fix: str) -> bytes:
     return raw
 
 
+def read_text(path: Path, limit: int, what: str, *, too_large: str, missing: str) -> str:
+    """A UTF-8 configuration file's text (a suite, a trace, a log), every failure a ConfigError naming it:
+    over `limit` bytes (`too_large`: the fix), not found (`missing`: the fix), unreadable, not UTF-8."""
+    try:
+        raw = read_capped(path, limit, f"the {what}", fix=too_large)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: {what} not found", fix=missing) from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read {what} ({exc.strerror})", fix="check the path and its permissions") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 (byte {exc.start})", fix=f"save the {what} as UTF-8") from None
+
+
 def read_toml(path: Path) -> dict:
     """A TOML configuration file (a suite, a candidates file), every failure a ConfigError naming it."""
-    try:
-        raw = read_capped(path, MAX_SUITE_BYTES, "the suite file",
-                          fix="a suite file is configuration only: keep prompts in the [prompts].file JSONL file "
-                              "and remove anything else that makes it this large")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: suite file not found", fix="pass the path of an existing suite TOML file") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read suite file ({exc.strerror})", fix="check the path and its permissions") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 (byte {exc.start})", fix="save the suite file as UTF-8") from None
+    text = read_text(path, MAX_SUITE_BYTES, "suite file", missing="pass the path of an existing suite TOML file",
+                     too_large="a suite file is configuration only: keep prompts in the [prompts].file JSONL file "
+                               "and remove anything else that makes it this large")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -27,11 +27,12 @@ import json
 import math
 import random
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ConfigError
-from .config import check_keys, read_capped
+from .config import check_keys, read_text
 
 EVENT_KEYS = {"at", "step", "id", "prompt", "tokens", "prompt_ids", "prefix", "max_tokens", "cancel_after", "gated"}
 MAX_TRACE_BYTES = 64 << 20
@@ -137,17 +138,9 @@ class Trace:
 
 def load_trace(path: Path) -> Trace:
     """A trace file, checked line by line: every mistake a ConfigError naming the line and the field."""
-    try:
-        raw = read_capped(path, MAX_TRACE_BYTES, "the trace file", fix="keep a trace under 64 MiB (lengths, not texts)")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: trace file not found", fix="set [load] trace to an existing JSONL file "
-                          "(relative to the suite file), or write one with `evalgate trace convert`") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the trace file ({exc.strerror})", fix="check the path and its permissions") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 (byte {exc.start})", fix="save the trace as UTF-8") from None
+    text = read_text(path, MAX_TRACE_BYTES, "trace file", too_large="keep a trace under 64 MiB (lengths, not texts)",
+                     missing="set [load] trace (or --trace) to an existing JSONL file, or write one with "
+                             "`evalgate trace convert`")
     return parse_trace(text.splitlines(), str(path))
 
 
@@ -266,18 +259,13 @@ def parse_event(doc: dict, where: str, line: int, earlier: dict[str, Event]) -> 
             if len(cancel) != 1 or next(iter(cancel)) not in ("tokens", "steps"):
                 raise ConfigError(f"{where}: `cancel_after` must be seconds, {{\"tokens\": n}} or {{\"steps\": n}}",
                                   fix='e.g. "cancel_after": {"tokens": 4}')
-            if "tokens" in cancel:
-                cancel_tokens = _whole(cancel["tokens"], where, "cancel_after.tokens", 1)
-                if cancel_tokens >= max_tokens:
-                    raise ConfigError(f"{where}: `cancel_after.tokens` = {cancel_tokens} is after the end: the request "
-                                      f"finishes at max_tokens = {max_tokens}",
-                                      fix=f"cancel after fewer than {max_tokens} tokens, or remove `cancel_after`")
-            else:
-                cancel_steps = _whole(cancel["steps"], where, "cancel_after.steps", 1)
-                if cancel_steps >= max_tokens:
-                    raise ConfigError(f"{where}: `cancel_after.steps` = {cancel_steps} is after the end: the request "
-                                      f"finishes within max_tokens = {max_tokens} steps",
-                                      fix=f"cancel after fewer than {max_tokens} steps, or remove `cancel_after`")
+            (unit, count), = cancel.items()
+            leave = _whole(count, where, f"cancel_after.{unit}", 1)
+            if leave >= max_tokens:  # one token per step: both end with the request's last token
+                raise ConfigError(f"{where}: `cancel_after.{unit}` = {leave} is after the end: the request "
+                                  f"finishes at max_tokens = {max_tokens}",
+                                  fix=f"cancel after fewer than {max_tokens} {unit}, or remove `cancel_after`")
+            cancel_tokens, cancel_steps = (leave, None) if unit == "tokens" else (None, leave)
         else:
             cancel_seconds = _seconds(cancel, where, "cancel_after", positive=True)
     return Event(line, event_id, offset, prompt=prompt, tokens=tokens, prompt_ids=prompt_ids, prefix_of=prefix_of,
@@ -307,13 +295,15 @@ class TraceRequest:
         return any(c is not None for c in (self.cancel_seconds, self.cancel_tokens, self.cancel_steps))
 
 
-def word_ids(encode: Callable[[str], list[int]], seed: int, size: int = 4096) -> list[int]:
-    """A pool of token ids of seeded words: `tokens` prompts are windows of it (one encode per replay)."""
+@lru_cache(maxsize=8)
+def word_ids(encode: Callable[[str], list[int]], seed: int, size: int = 4096) -> tuple[int, ...]:
+    """A pool of token ids of seeded words: `tokens` prompts are windows of it (encoded once per engine and
+    seed, not once per replay: a server kind encodes over HTTP)."""
     rng = random.Random(seed)
     ids: list[int] = []
     while len(ids) < size:
         ids += encode(" ".join(rng.choice(WORDS) for _ in range(512)))
-    return ids
+    return tuple(ids)
 
 
 def materialize(trace: Trace, encode: Callable[[str], list[int]], seed: int,
@@ -371,7 +361,8 @@ def convert_log(path: Path) -> Trace:
     import csv
     import datetime
 
-    text = read_capped(path, MAX_TRACE_BYTES, "the log", fix="convert a shorter window of the log").decode("utf-8", "replace")
+    text = read_text(path, MAX_TRACE_BYTES, "log", too_large="convert a shorter window of the log",
+                     missing="pass the path of an existing log (JSONL or CSV)")
     lines = text.splitlines()
     first = next((ln for ln in lines if ln.strip()), "")
     rows: list[tuple[int, dict]] = []

@@ -270,6 +270,7 @@ def _run_passes(plan: RunPlan, store: Store, engine: Engine, run_id: int, timing
     total = sum(len(keys) if p.sample is None else sum(in_sample(k, p.sample) for k in keys) for p in passes)
     done = 0
     load = schedule.load
+    run_trace = load.load_trace() if load is not None and load.trace else None  # read once for every loaded pass
     first_pass: dict[str, Completion] = {}
     for pass_ in passes:
         probe = get_probe(pass_.probe) if pass_.probe else None
@@ -285,7 +286,7 @@ def _run_passes(plan: RunPlan, store: Store, engine: Engine, run_id: int, timing
         # [load]: a server engine keeps filler traffic running through this pass (evalgate/configuration/load.py),
         # or each wave runs inside one replay of the trace (evalgate/execution/replay.py)
         loaded = load is not None and load.applies(pass_.concurrency) and not pass_.probe
-        trace = load.load_trace() if loaded and load.trace else None
+        trace = run_trace if loaded else None
         replays: list[dict] = []
         filler = loaded and trace is None
         with (engine.under_load(load, pass_) if filler else contextlib.nullcontext({})) as load_stats:

@@ -124,6 +124,8 @@ def test_a_log_of_your_traffic_becomes_a_trace_of_lengths_without_text(inline_cl
     jsonl.write_text(json.dumps({"time": 10, "input_tokens": 5, "completion_tokens": 0}) + "\n")
     proc = inline_cli("trace", "convert", jsonl, "-o", tmp_path / "t2.jsonl", check=2)
     assert "log.jsonl:1: `output_tokens` must be a positive integer, got 0" in " ".join(proc.stderr.split())
+    missing = inline_cli("trace", "convert", tmp_path / "nope.csv", "-o", tmp_path / "t3.jsonl", check=2)
+    assert "nope.csv: log not found" in missing.stderr and not (tmp_path / "t3.jsonl").exists()
 
 
 def test_the_cancel_probe_attributes_a_cancel_path_fault_to_cancellation(inline_cli, tmp_path, fake_model):
