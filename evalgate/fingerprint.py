@@ -42,6 +42,14 @@ ENV_IGNORED = re.compile(r"(CACHE_ROOT|CACHE_DIR|_CACHE$|LOGGING|LOG_LEVEL|_LOG$
 SECRET_NAME = re.compile(r"(SECRET|PASSWORD|PASSWD|AUTH|CREDENTIAL|APIKEY|(^|_)(KEY|TOKEN)S?$)", re.IGNORECASE)
 REDACTED = "<redacted>"
 
+# Settings that choose which kernels every op runs: another instruction set, so other numerics (measured: each
+# of ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2/SSE41 changes the bits of every SmolLM2 output on an
+# AVX-512 CPU). They are hardware, not env: a capped CPU is another hardware class (`kernel_dispatch`).
+DISPATCH_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ONEDNN_CPU_ISA_HINTS",
+                "DNNL_CPU_ISA_HINTS", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
+# torch's CPU kernel levels, lowest first, and the CPU flags each needs (aten/src/ATen/native/DispatchStub.cpp)
+TORCH_CAPABILITIES = {"default": (), "avx2": ("avx2", "fma"), "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma")}
+
 ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16",
              "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8", "asimd", "sve", "sve2", "bf16")
 
@@ -166,15 +174,79 @@ def _git_info(root: Path, paths: list[Path]) -> dict:
     return {"git": commit, "dirty": bool(status)}
 
 
-def hardware_component() -> dict:
-    data: dict[str, Any] = {"machine": platform.machine(), "system": platform.system()}
-    cpu_model, flags = _cpuinfo()
+def torch_cpu_capability(flags: set[str], machine: str, environ: dict[str, str]) -> str | None:
+    """The CPU kernels torch dispatches to: the highest level the CPU supports, or a lower one that
+    $ATEN_CPU_CAPABILITY asks for (torch ignores a request above what the CPU has). None off x86."""
+    if machine.lower() not in ("x86_64", "amd64", "i686", "i386"):
+        return environ.get("ATEN_CPU_CAPABILITY") or None
+    supported = [level for level, needs in TORCH_CAPABILITIES.items() if all(f in flags for f in needs)]
+    asked = environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    return asked if asked in supported else supported[-1]
+
+
+def kernel_dispatch(flags: set[str], machine: str, environ: dict[str, str]) -> dict[str, str]:
+    """What the kernels run with, where a setting moves it off the CPU's own best: torch's capability when
+    capped, and every dispatch setting that is set (`DISPATCH_ENV`). Empty on an uncapped machine, so a
+    machine's class is the same as before these were recorded."""
+    capped = {name: environ[name] for name in DISPATCH_ENV if environ.get(name, "").strip()}
+    native = torch_cpu_capability(flags, machine, {})
+    actual = torch_cpu_capability(flags, machine, environ)
+    capped.pop("ATEN_CPU_CAPABILITY", None)
+    if actual != native:
+        capped["torch_cpu_capability"] = actual
+    return capped
+
+
+def hardware_component(environ: dict[str, str] | None = None, cpuinfo: tuple[str, set[str]] | None = None) -> dict:
+    """The hardware class: CPU model and ISA flags (GPUs when there are any), and the kernel dispatch when a
+    setting caps it. `info` says what the kernels run with in any case (`kernels`), for reports."""
+    environ = dict(os.environ if environ is None else environ)
+    machine = platform.machine()
+    data: dict[str, Any] = {"machine": machine, "system": platform.system()}
+    cpu_model, flags = cpuinfo or _cpuinfo()
     data["cpu"] = cpu_model
     data["isa"] = sorted(f for f in ISA_FLAGS if f in flags)
+    dispatch = kernel_dispatch(flags, machine, environ)
+    if dispatch:
+        data["dispatch"] = dispatch
     gpus = may_have_gpus()
     if gpus:
         data.update(_torch_gpus())
-    return component(data, {"cpu_count": os.cpu_count(), "driver": _nvidia_driver() if gpus else None})
+    kernels = {"torch": torch_cpu_capability(flags, machine, environ),
+               "onednn": environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA") or "native"}
+    if "torch" in sys.modules:  # the engine process: torch's own word beside the derivation, for people
+        kernels["torch_reported"] = _torch_reported_capability()
+    return component(data, {"cpu_count": os.cpu_count(), "driver": _nvidia_driver() if gpus else None,
+                            "kernels": kernels})
+
+
+def _torch_reported_capability() -> str | None:
+    try:
+        import torch
+
+        return str(torch.backends.cpu.get_cpu_capability()).lower()
+    except Exception:  # an old torch without it
+        return None
+
+
+def hardware_label(hardware: dict) -> str:
+    """A hardware class for people: the GPU (with its capability) or the CPU, and the kernels in use."""
+    data, info = hardware.get("data") or {}, hardware.get("info") or {}
+    gpus = data.get("gpus") or []
+    if gpus:
+        names = sorted({f"{g['name']} (sm {'.'.join(map(str, g.get('capability') or []))})" for g in gpus})
+        head = ", ".join(names)
+    else:
+        isa = data.get("isa") or []
+        family = next((f for f in ("amx_tile", "avx512_bf16", "avx512f", "avx2", "avx", "sve2", "sve", "asimd")
+                       if f in isa), None)
+        head = f"{data.get('cpu') or 'unknown CPU'} ({data.get('machine')}{', ' + family if family else ''})"
+    kernels = info.get("kernels") or {}
+    dispatch = data.get("dispatch") or {}
+    parts = [f"torch {dispatch.get('torch_cpu_capability') or kernels.get('torch')}"] if (
+        dispatch.get("torch_cpu_capability") or kernels.get("torch")) else []
+    parts += [f"{k}={v}" for k, v in sorted(dispatch.items()) if k != "torch_cpu_capability"]
+    return head + (f"; kernels: {', '.join(parts)}" if parts else "")
 
 
 def _torch_gpus() -> dict[str, Any]:
@@ -227,6 +299,8 @@ def env_snapshot(environ: dict[str, str] | None = None) -> dict[str, str]:
     snapshot = {}
     for name, value in environ.items():
         if not name.upper().startswith(ENV_PREFIXES) or ENV_IGNORED.search(name.upper()):
+            continue
+        if name.upper() in DISPATCH_ENV:  # hardware (`kernel_dispatch`): counted once, there
             continue
         snapshot[name] = REDACTED if SECRET_NAME.search(name) else value
     return dict(sorted(snapshot.items()))

@@ -7,19 +7,22 @@ the database, judges the stored outputs and finishes the run.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from .collector import collector_paused
 from .configuration.schedule import ROTATING, Schedule, rotating_problem, with_overrides
 from .configuration.shard import Shard
 from .configuration.suite import Suite
 from .errors import ConfigError, EngineError, NoBaselineError
+from .execution.rescore import Rescore
 from .execution.runner import Progress, Timings
 from .execution.worker import execute_in_worker
-from .fingerprint import component, hardware_component
+from .fingerprint import component, hardware_component, hardware_label
 from .fingerprint import delta as fingerprint_delta
+from .judgement.hardware import judge_across
 from .judgement.scores import compare_scores, task_changes
 from .judgement.verdict import Report, judge
-from .store import Run, RunRecord, Store, existing_store, open_store
+from .store import BASELINE_RESCORING, OWN_RESCORING, Run, RunRecord, Store, existing_store, open_store
 
 
 def _database(suite: Suite, store: Store | str | None) -> str:
@@ -42,6 +45,8 @@ def judge_records(store: Store, current: RunRecord, baseline: RunRecord | None, 
     changed in the tasks' identity, the rotating preset's alone coverage and where the engine's own output
     went."""
     report = judge(current, baseline, kind=kind, strict=strict, in_scope=in_scope)
+    if baseline is not None and baseline.run.hardware_class != current.run.hardware_class:
+        report.hardware = judge_across(report, current, baseline, *rescorings(store, current, baseline), report.policy)
     report.metrics = compare_scores(store, current.id, baseline.id if baseline else None,
                                     {v.key: v.verdict for v in report.verdicts})
     report.task_changes = task_changes(baseline.fingerprint, current.fingerprint) if baseline else {}
@@ -51,6 +56,18 @@ def judge_records(store: Store, current: RunRecord, baseline: RunRecord | None, 
     log = current.run.engine_log
     report.engine_log = log if log and os.path.isfile(log) else None
     return report
+
+
+def rescorings(store: Store, current: RunRecord, baseline: RunRecord) -> tuple[RunRecord | None, RunRecord | None]:
+    """The two rescorings of the baseline's tokens (execution/rescore.py): here (the run judged against it
+    made one) and on the baseline's own class (recorded with it). None where there is none."""
+    def loaded(run_id: int, which: int) -> RunRecord | None:
+        record = store.load(run_id, rescoring=which)
+        return record if record.digests else None
+
+    # a run being judged has no baseline_run_id yet; a stored one made its rescoring against its own baseline
+    here = loaded(current.id, BASELINE_RESCORING) if current.run.baseline_run_id in (None, baseline.id) else None
+    return here, loaded(baseline.id, OWN_RESCORING)
 
 
 def promotes(report: Report, *, allow_variance: bool = False, shard: Shard | None = None) -> bool:
@@ -87,10 +104,11 @@ def judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: i
 
 def _execute_and_judge(suite: Suite, url: str, *, kind: str, schedule: Schedule | None, baseline_run_id: int | None,
                        strict: bool, allow_variance: bool, progress: Progress | None, timings: Timings,
-                       shard: Shard | None, group: str | None, show_engine_output: bool) -> Report:
+                       shard: Shard | None, group: str | None, show_engine_output: bool,
+                       rescore: Rescore | None) -> Report:
     run_id = execute_in_worker(suite, url, kind=kind, schedule=schedule or suite.schedule, timings=timings,
                                progress=progress, labels={"shard_group": group}, shard=shard,
-                               show_engine_output=show_engine_output)
+                               show_engine_output=show_engine_output, rescore=rescore)
     return judge_and_finish(open_store(url), run_id, kind=kind, baseline_run_id=baseline_run_id, strict=strict,
                             allow_variance=allow_variance, shard=shard, timings=timings)
 
@@ -109,6 +127,7 @@ def create_baseline(suite: Suite, store: Store | str | None = None, *, schedule:
         suite, url, kind="baseline", schedule=schedule, baseline_run_id=None, strict=False,
         allow_variance=allow_variance, progress=progress, timings=timings if timings is not None else Timings(),
         shard=shard, group=_group(shard, group), show_engine_output=show_engine_output,
+        rescore=Rescore(own=True),  # a baseline rescores its own tokens: what lets it judge another class
     )
 
 
@@ -119,32 +138,84 @@ def _group(shard: Shard | None, group: str | None) -> str | None:
     return group
 
 
-def find_baseline(suite: Suite, store: Store | None, url: str) -> int:
-    hardware = hardware_component()["hash"]
-    run_id = store.baseline_for(suite.name, hardware) if store else None
-    if run_id is None:
-        others = store.baselines(suite.name) if store else []
-        hint = (f" (baselines exist for {len(others)} other hardware class(es): a baseline is per hardware)"
-                if others else "")
-        raise NoBaselineError(
-            f"no baseline for suite {suite.name!r} on this hardware in {url}{hint}",
-            fix=f"evalgate baseline create {suite.path}",
-        )
-    return run_id
+@dataclass(frozen=True)
+class BaselineChoice:
+    """The baseline a check is judged against: this hardware class's, or (`cross`) another class's."""
+
+    run_id: int
+    cross: bool = False
+
+
+def find_baseline(suite: Suite, store: Store | None, url: str, against: str | int | None = None) -> BaselineChoice:
+    """This class's baseline; else, unless `[gate] other_hardware = "refuse"`, the nearest other class's
+    (`nearest_baseline`); `against`: a baseline run id or a hardware class (a prefix of its hash), named."""
+    here = hardware_component()
+    if against is not None and str(against).strip():
+        return _named_baseline(suite, store, url, str(against).strip(), here["hash"])
+    run_id = store.baseline_for(suite.name, here["hash"]) if store else None
+    if run_id is not None:
+        return BaselineChoice(run_id)
+    others = store.baselines(suite.name) if store else []
+    if others and suite.gate.other_hardware != "refuse":
+        return BaselineChoice(nearest_baseline(store, others, here), cross=True)
+    hint = ""
+    if others:
+        hint = (f" (baselines exist for {len(others)} other hardware class(es), and [gate] other_hardware = "
+                "\"refuse\" keeps a check to its own class)")
+    raise NoBaselineError(
+        f"no baseline for suite {suite.name!r} on this hardware ({hardware_label(here)}) in {url}{hint}",
+        fix=f"evalgate baseline create {suite.path}",
+    )
+
+
+def nearest_baseline(store: Store, baselines: list, here: dict) -> int:
+    """Of several classes' baselines, the nearest to this machine: the same platform (architecture, GPU or
+    not), then the same GPU capability or CPU instruction-set family, then the same model; the newest first."""
+    def kinship(baseline) -> tuple:
+        theirs = (store.fingerprint_of(baseline.run_id).get("hardware") or {}).get("data") or {}
+        mine = here["data"]
+        gpus = [sorted(tuple(g.get("capability") or ()) for g in d.get("gpus") or []) for d in (mine, theirs)]
+        return (theirs.get("machine") == mine.get("machine"), bool(gpus[0]) == bool(gpus[1]), gpus[0] == gpus[1],
+                theirs.get("isa") == mine.get("isa"), theirs.get("cpu") == mine.get("cpu"), baseline.promoted_at)
+
+    return max(baselines, key=kinship).run_id
+
+
+def _named_baseline(suite: Suite, store: Store | None, url: str, against: str, here: str) -> BaselineChoice:
+    baselines = store.baselines(suite.name) if store else []
+    if against.isdigit():
+        found = [b for b in baselines if b.run_id == int(against)]
+    else:
+        found = [b for b in baselines if b.hardware_class.startswith(against.lower())]
+    if len(found) != 1:
+        listed = ", ".join(f"run {b.run_id} (class {b.hardware_class[:12]})" for b in baselines) or "none"
+        raise ConfigError(f"--against {against}: {'no' if not found else 'more than one'} baseline of suite "
+                          f"{suite.name!r} in {url} matches", fix=f"name a baseline run or class; the baselines: {listed}")
+    return BaselineChoice(found[0].run_id, cross=found[0].hardware_class != here)
 
 
 def check(suite: Suite, store: Store | str | None = None, *, schedule: Schedule | None = None,
           strict: bool = False, progress: Progress | None = None, timings: Timings | None = None,
-          shard: Shard | None = None, group: str | None = None, show_engine_output: bool = False) -> Report:
+          shard: Shard | None = None, group: str | None = None, show_engine_output: bool = False,
+          against: str | int | None = None, adopt: bool = False) -> Report:
     """Run the suite and judge it against the baseline (exit 4 before any inference if there is none).
-    With `shard`, only that shard's requests run and are judged; `merge` gives the whole verdict."""
+    With `shard`, only that shard's requests run and are judged; `merge` gives the whole verdict.
+
+    No baseline on this hardware class: judged against the nearest other class's (`against` names one),
+    every difference classified (judgement/hardware.py); the check then also rescores the baseline's tokens
+    and its own. `adopt`: such a check with no confident flip becomes this class's baseline."""
     url = _database(suite, store)
-    baseline_run_id = find_baseline(suite, existing_store(url), url)
-    return _execute_and_judge(
-        suite, url, kind="check", schedule=schedule, baseline_run_id=baseline_run_id, strict=strict,
+    choice = find_baseline(suite, existing_store(url), url, against)
+    report = _execute_and_judge(
+        suite, url, kind="check", schedule=schedule, baseline_run_id=choice.run_id, strict=strict,
         allow_variance=False, progress=progress, timings=timings if timings is not None else Timings(),
         shard=shard, group=_group(shard, group), show_engine_output=show_engine_output,
+        rescore=Rescore(own=True, of_run=choice.run_id) if choice.cross else None,
     )
+    if adopt and report.hardware is not None and shard is None and report.hardware.adoptable and not report.failing:
+        adopt_run(open_store(url), report.run_id)
+        report.hardware.adopted = True
+    return report
 
 
 def merge(suite: Suite, group: str, *, kind: str = "check", store: Store | str | None = None,
@@ -184,7 +255,7 @@ def merge(suite: Suite, group: str, *, kind: str = "check", store: Store | str |
     fingerprint["suite"] = component({"requests": {k: r.request_hash for rec in records
                                                    for k, r in rec.requests.items()}})
     merged_id = store.merge_runs(runs, fingerprint)
-    baseline_run_id = find_baseline(suite, store, url) if kind == "check" else None
+    baseline_run_id = find_baseline(suite, store, url).run_id if kind == "check" else None
     return judge_and_finish(store, merged_id, kind=kind, baseline_run_id=baseline_run_id, strict=strict,
                             allow_variance=allow_variance)
 
@@ -192,6 +263,32 @@ def merge(suite: Suite, group: str, *, kind: str = "check", store: Store | str |
 def accept(store: Store, run_id: int):
     """Promote a complete run to be the baseline of its suite on its hardware class."""
     return store.promote(run_id)
+
+
+def adopt_run(store: Store, run_id: int) -> Run:
+    """Make a check judged against another hardware class's baseline, with no confident flip, the baseline
+    of its own class, with a receipt: against which run and class, the counts per class, the envelope and
+    the tolerances. A check with a confident flip (or any failure) is never adopted."""
+    from .judgement.hardware import AcrossHardware
+
+    run = store.get_run(run_id)
+    judged = ((run.schedule or {}).get("judged") or {}).get("hardware")
+    if run.kind != "check" or run.status != "complete" or not judged:
+        raise ConfigError(f"run {run_id} is not a complete check judged against another hardware class's baseline",
+                          fix="adopt a cross-hardware check (see `evalgate runs list`); promote a same-class run "
+                              "with `evalgate baseline accept`")
+    section = AcrossHardware.from_dict(judged)
+    if not section.adoptable or run.exit_code != 0:
+        why = (f"{section.counts['confident']} confident flip(s) across hardware" if not section.adoptable
+               else f"its verdict is {run.verdict}")
+        raise ConfigError(f"run {run_id} cannot be adopted: {why}", fix="a baseline must be reproducible and agree "
+                          "with the other class up to rounding; look at `evalgate report` for the flips")
+    receipt = {"adopted_from": run.baseline_run_id, "from_class": section.baseline_class,
+               "from_label": section.baseline_label, "label": section.here_label, "counts": section.counts,
+               "compared": section.compared, "envelope": section.envelope,
+               "tolerance": section.tolerance.to_dict(), "mode": section.mode,
+               "rescored": bool(store.load(run_id, rescoring=OWN_RESCORING).digests)}
+    return store.promote(run_id, receipt)
 
 
 def compare_runs(store: Store, run_a: int, run_b: int) -> Report:

@@ -9,8 +9,13 @@ Conditions run in the plan's order in one engine. Every request of a condition c
 waves of `concurrency` requests submitted together; `order_seed` shuffles the prompts first with Python's
 `random.Random(seed).shuffle`, as a shuffled pass does.
 
+A condition with `"rescore": {key: [token ids]}` (or the name of an earlier condition: its outputs) runs no
+generation: each request's prompt ids followed by those tokens, alone, one prefill (`prompt_logprobs`), as a
+rescoring does (teacher forcing).
+
 result.json: {"conditions": {name: {key: {"ids", "logprob_bits", "cached_tokens"}}}}, with each sampled
-token's logprob as the hex of its float64 bits. Deliberately free of evalgate imports, so that what the
+token's logprob as the hex of its float64 bits; a rescoring's entries have "ids" (the tokens rescored),
+"logprobs" (each one's) and "top" ([top-1 id, top-1 logprob] at each position). Deliberately free of evalgate imports, so that what the
 gate reports can be checked against what vLLM itself does on this machine.
 """
 
@@ -34,6 +39,13 @@ def main(plan_path: str, result_path: str) -> None:
                for p in plan["prompts"]}
     results = {}
     for condition in plan["conditions"]:
+        if "rescore" in condition:
+            tokens = condition["rescore"]  # {key: ids}, or the name of an earlier condition whose outputs to rescore
+            if isinstance(tokens, str):
+                tokens = {key: out["ids"] for key, out in results[tokens].items()}
+            results[condition["name"]] = rescore(llm, prompts, condition["name"], tokens,
+                                                 plan["sampling"].get("logprobs", 5))
+            continue
         keys = list(prompts)
         if condition.get("order_seed") is not None:
             random.Random(condition["order_seed"]).shuffle(keys)
@@ -51,6 +63,25 @@ def main(plan_path: str, result_path: str) -> None:
         results[condition["name"]] = outputs
     with open(result_path, "w", encoding="utf-8") as f:
         json.dump({"conditions": results}, f)
+
+
+def rescore(llm, prompts: dict, name: str, tokens: dict, k: int) -> dict:
+    """Each request's given tokens scored as a continuation of its prompt, alone, cold."""
+    from vllm import SamplingParams
+
+    tokenizer = llm.get_tokenizer()
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k)
+    outputs = {}
+    for key, ids in tokens.items():
+        prompt = prompts[key]
+        prompt_ids = prompt.get("prompt_token_ids") or tokenizer.encode(prompt["prompt"])
+        out = llm.generate([{"prompt_token_ids": list(prompt_ids) + list(ids),
+                             "cache_salt": f"{name}/{key}"}], [params], use_tqdm=False)[0]
+        rows = out.prompt_logprobs[len(prompt_ids):]
+        outputs[key] = {"ids": list(ids), "logprobs": [row[t].logprob for t, row in zip(ids, rows)],
+                        "top": [list(max(((i, lp.logprob) for i, lp in row.items()), key=lambda e: (e[1], -e[0])))
+                                for row in rows]}
+    return outputs
 
 
 if __name__ == "__main__":

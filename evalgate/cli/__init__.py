@@ -9,7 +9,7 @@ from . import bisect, cost, demo, fuzz, gate, history, models, report
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Gate LLM serving determinism: batch variance and silent regressions, token by token.")
-baseline_app = typer.Typer(no_args_is_help=True, help="Create, accept and list baselines.")
+baseline_app = typer.Typer(no_args_is_help=True, help="Create, accept, adopt and list baselines.")
 runs_app = typer.Typer(no_args_is_help=True, help="Look at stored runs.")
 bisect_app = typer.Typer(no_args_is_help=True, help="Find what changed an output: a commit, a setting, a neighbour.")
 trace_app = typer.Typer(no_args_is_help=True, help="Traffic traces: convert a log of your traffic, check a trace.")
@@ -20,6 +20,7 @@ app.add_typer(bisect_app, name="bisect")
 app.add_typer(trace_app, name="trace")
 baseline_app.command("create")(gate.create)
 baseline_app.command("accept")(history.baseline_accept)
+baseline_app.command("adopt")(history.baseline_adopt)
 baseline_app.command("list")(history.baseline_list)
 app.command("check")(gate.check)
 runs_app.command("list")(history.runs_list)

@@ -111,7 +111,10 @@ def _run(kind: str, suite_file, options: RunOptions, **kwargs):
         progress, update = progress_bar()
         with progress:
             if merge:
-                report = gate.merge(suite, group, kind=kind, **kwargs)
+                if kwargs.get("against") or kwargs.get("adopt"):
+                    raise typer.BadParameter("--against and --adopt judge one run, not a merge", param_hint="--merge")
+                report = gate.merge(suite, group, kind=kind,
+                                    **{k: v for k, v in kwargs.items() if k in ("strict", "allow_variance")})
             elif kind == "baseline":
                 report = gate.create_baseline(suite, schedule=schedule, progress=update,
                                               shard=parse_shard(shard) if shard else None, group=group,
@@ -151,6 +154,11 @@ def create(suite_file: Optional[Path] = SuiteArg,
 @run_options
 def check(suite_file: Optional[Path] = SuiteArg,
           strict: bool = typer.Option(False, "--strict", help="Explained changes, new and missing requests fail too"),
+          against: Optional[str] = typer.Option(None, "--against", help="Judge against this baseline: a run id or a "
+                                                "hardware class (a prefix of its hash; see `evalgate baseline list`)"),
+          adopt: bool = typer.Option(False, "--adopt", help="A check judged against another hardware class's baseline "
+                                     "with no confident flip becomes this class's baseline (with a receipt)"),
           *, options: RunOptions):
-    """Run the suite again; exit 1 on batch variance or a silent regression against the baseline."""
-    _run("check", suite_file, options, strict=strict)
+    """Run the suite again; exit 1 on batch variance or a silent regression against the baseline. With no
+    baseline on this hardware, judged against another class's: drift and near ties pass, confident flips fail."""
+    _run("check", suite_file, options, strict=strict, against=against, adopt=adopt)

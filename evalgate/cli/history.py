@@ -87,14 +87,31 @@ def baseline_accept(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path
 
 
 @handled
+def baseline_adopt(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt):
+    """Make a check judged against another hardware class's baseline, with no confident flip, the baseline of
+    its own class; its receipt (against which run and class, counts, envelope) shows in `baseline list`."""
+    from .. import gate
+
+    store = open_store_for(db, suite)
+    run = gate.adopt_run(store, run_id)
+    console.print(f"run {run.id} is now the baseline for suite {run.suite_name!r} on hardware {run.hardware_class[:12]}, "
+                  f"adopted by proof against run {run.baseline_run_id}")
+
+
+@handled
 def baseline_list(db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt):
-    """List the current baseline of each suite and hardware class."""
+    """List the current baseline of each suite and hardware class, with each class's lineage (adopted from
+    which run and class, and what that check found)."""
+    from ..fingerprint import hardware_label
+    from ..reports.explain import lineage
+
     store = open_store_for(db, suite)
     table = Table()
-    for col in ("suite", "hardware class", "run", "promoted"):
+    for col in ("suite", "hardware class", "hardware", "run", "promoted", "lineage"):
         table.add_column(col)
     for b in store.baselines():
-        table.add_row(b.suite_name, b.hardware_class[:16], str(b.run_id), _when(b.promoted_at))
+        label = hardware_label(store.fingerprint_of(b.run_id).get("hardware") or {})
+        table.add_row(b.suite_name, b.hardware_class[:12], label, str(b.run_id), _when(b.promoted_at), lineage(b.receipt))
     console.print(table)
 
 

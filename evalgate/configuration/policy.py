@@ -10,6 +10,14 @@ each run and shown in every report, and changing it changes no fingerprint.
 Every token flip is classed by the reference's top-1 minus top-2 logprob margin at the flip: a
 `near_tie` (margin under `near_tie_margin`: numerics tipped two almost equal candidates) or `confident`
 (the model's preference really changed). Reports keep the two apart.
+
+Across hardware (a check judged against another hardware class's baseline, evalgate/judgement/hardware.py):
+- `other_hardware = "judge"` (default): drift and near ties pass and are reported, confident flips fail;
+  `"exact"` fails on any difference (stacks that claim device-independent kernels); `"refuse"` keeps exit 4.
+- `tie_epsilon`: a flip is a near tie when this machine's rescoring puts the baseline's token within it of
+  its own top token; `drift_cap`: the largest |Δ logprob| between the two classes that is still rounding.
+  Both in nats, by default by the dtype (`HARDWARE_TOLERANCES`): a bf16 logit moves in steps of 0.0625-0.125
+  at a small model's magnitudes, an fp32 one in steps a thousand times smaller.
 """
 
 from __future__ import annotations
@@ -21,14 +29,51 @@ from typing import Any
 from .config import check_keys, fail
 
 FAIL_ON = ("bits", "tokens")
+OTHER_HARDWARE = ("judge", "exact", "refuse")
+# (tie_epsilon, drift_cap) in nats per dtype, from the emulated classes (docs/conditions.md "Across hardware"):
+# SmolLM2 fp32 rescorings of the same tokens differ by at most 2.7e-5 between instruction sets, bf16 by 0.23
+# (AVX-512 BF16 matmuls vs AVX2), its flips at gaps of at most 0.125 (one bf16 step of a logit). So fp32: 40x
+# its largest; bf16: two logit steps for ε, twice the largest for the cap; fp16 (3 more mantissa bits) 1/8 of bf16.
+HARDWARE_TOLERANCES = {"float32": (1e-3, 1e-3), "float16": (0.03, 0.06), "bfloat16": (0.25, 0.5)}
+UNKNOWN_DTYPE = "bfloat16"  # a server that does not say: the widest (what GPU serving mostly runs)
 DEFAULT_NEAR_TIE_MARGIN = 0.1  # nats: below it a flip is a numerics coin toss rather than a changed preference
 BITS_ONLY = "logprob"  # the divergence kind of a difference in logprob bits alone (compare.Divergence)
+
+
+def dtype_name(dtype: str | None) -> str:
+    """"torch.bfloat16", "bf16", "half" -> a key of HARDWARE_TOLERANCES."""
+    text = (dtype or "").lower().replace("torch.", "")
+    aliases = {"bf16": "bfloat16", "half": "float16", "fp16": "float16", "float": "float32", "fp32": "float32"}
+    text = aliases.get(text, text)
+    return text if text in HARDWARE_TOLERANCES else UNKNOWN_DTYPE
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """What rounding across two hardware classes may do, in nats (policy.py docstring)."""
+
+    epsilon: float
+    cap: float
+    dtype: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
 class GatePolicy:
     fail_on: str = "bits"
     near_tie_margin: float = DEFAULT_NEAR_TIE_MARGIN
+    other_hardware: str = "judge"
+    tie_epsilon: float | None = None  # None: by the engine's dtype (HARDWARE_TOLERANCES)
+    drift_cap: float | None = None
+
+    def tolerance(self, dtype: str | None) -> Tolerance:
+        """ε and the cap for an engine of this dtype: the suite's where it sets them, else the dtype's."""
+        name = dtype_name(dtype)
+        epsilon, cap = HARDWARE_TOLERANCES[name]
+        return Tolerance(epsilon if self.tie_epsilon is None else self.tie_epsilon,
+                         cap if self.drift_cap is None else self.drift_cap, name)
 
     def fails(self, kinds: set[str]) -> bool:
         """Whether differences of these divergence kinds fail the gate under this policy."""
@@ -46,17 +91,31 @@ class GatePolicy:
     @classmethod
     def from_dict(cls, data: dict | None) -> GatePolicy:
         """A run's recorded policy; runs recorded before `[gate]` were judged on bits."""
-        return cls(**{k: v for k, v in (data or {}).items() if k in ("fail_on", "near_tie_margin")})
+        return cls(**{k: v for k, v in (data or {}).items() if k in GATE_KEYS})
+
+
+GATE_KEYS = ("fail_on", "near_tie_margin", "other_hardware", "tie_epsilon", "drift_cap")
+
+
+def _nats(table: dict, key: str, default, where: str, prefix: str, example: str):
+    value = table.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise fail(where, f"`{prefix}gate.{key}` must be a number >= 0 (nats), got {value!r}", f"e.g. {key} = {example}")
+    return float(value)
 
 
 def parse_gate_table(table: dict, where: str, prefix: str = "") -> GatePolicy:
-    check_keys(table, {"fail_on", "near_tie_margin"}, where, f"{prefix}gate.")
+    check_keys(table, set(GATE_KEYS), where, f"{prefix}gate.")
     fail_on = table.get("fail_on", "bits")
     if fail_on not in FAIL_ON:
         raise fail(where, f"`{prefix}gate.fail_on` must be \"bits\" or \"tokens\", got {fail_on!r}",
                    'fail_on = "tokens" lets logprob-bit drift pass and fails token flips (docs/suite.md)')
-    margin = table.get("near_tie_margin", DEFAULT_NEAR_TIE_MARGIN)
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin < 0:
-        raise fail(where, f"`{prefix}gate.near_tie_margin` must be a number >= 0 (nats), got {margin!r}",
-                   f"e.g. near_tie_margin = {DEFAULT_NEAR_TIE_MARGIN}")
-    return GatePolicy(fail_on, float(margin))
+    margin = _nats(table, "near_tie_margin", DEFAULT_NEAR_TIE_MARGIN, where, prefix, str(DEFAULT_NEAR_TIE_MARGIN))
+    other = table.get("other_hardware", "judge")
+    if other not in OTHER_HARDWARE:
+        raise fail(where, f"`{prefix}gate.other_hardware` must be \"judge\", \"exact\" or \"refuse\", got {other!r}",
+                   'other_hardware = "judge" judges a check against another hardware class\'s baseline (docs/suite.md)')
+    return GatePolicy(fail_on, margin, other, _nats(table, "tie_epsilon", None, where, prefix, "0.25"),
+                      _nats(table, "drift_cap", None, where, prefix, "0.5"))

@@ -26,7 +26,12 @@ for the keys listed in `fake_vary_with_batch`, the size of the wave the request 
 - replays (evalgate/execution/replay.py) are step-placed, as on the `vllm` kind: every running request
   gets one token per step (its first at the step after it arrives); a gated request that shares a step
   with another counts as crowded; a key in `fake_vary_with_cancel` gets different tokens from the middle
-  of its output on when a neighbour is aborted while it decodes (a planted cancel-path fault, for fuzz).
+  of its output on when a neighbour is aborted while it decodes (a planted cancel-path fault, for fuzz);
+- on another hardware class (a kernel dispatch setting such as ONEDNN_MAX_CPU_ISA caps this machine:
+  fingerprint.kernel_dispatch), a key in `fake_hardware_drift` gets every logprob 1e-6 lower (drift); one in
+  `fake_hardware_near_tie` other tokens from the middle on, while a rescoring still ranks the original token
+  first (a near tie); one in `fake_hardware_confident` the same flip, and a rescoring ranks the original
+  token 3 nats below the top (a confident flip). Planted cross-hardware cases (judgement/hardware.py).
 
 Every other `[engine]` key is recorded in the engine identity (so changing it is an explained `engine`
 change) and otherwise ignored: a suite switches between `fake` and `vllm` by its `kind` alone.
@@ -44,15 +49,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..configuration import config
 from ..configuration.prompts import SCORING_TYPES, Prompt
-from ..fingerprint import env_snapshot, model_component
+from ..fingerprint import env_snapshot, hardware_component, model_component
 from ..records import Completion
 from .base import COMMON_KEYS, Engine, EngineConfig
 
 if TYPE_CHECKING:
     from ..configuration.suite import Suite
 
-FAKE_KEYS = frozenset({"fake_vary_with_batch", "fake_vary_with_cache", "fake_vary_with_cancel", "fake_seconds_per_wave"})
-VARY_KEYS = ("fake_vary_with_batch", "fake_vary_with_cache", "fake_vary_with_cancel")
+VARY_KEYS = ("fake_vary_with_batch", "fake_vary_with_cache", "fake_vary_with_cancel", "fake_hardware_drift",
+             "fake_hardware_near_tie", "fake_hardware_confident")
+FAKE_KEYS = frozenset({*VARY_KEYS, "fake_seconds_per_wave"})
+HARDWARE_DRIFT = 1e-6  # nats: how far a `fake_hardware_drift` key's logprobs move on another hardware class
 DEFAULT_MAX_MODEL_LEN = 512
 
 
@@ -87,6 +94,10 @@ class FakeEngine(Engine):
         self.vary = set(suite.engine_args["fake_vary_with_batch"])
         self.vary_cached = set(suite.engine_args.get("fake_vary_with_cache", []))
         self.vary_cancelled = set(suite.engine_args.get("fake_vary_with_cancel", []))
+        # another hardware class: a kernel dispatch setting caps this machine (fingerprint.kernel_dispatch)
+        other_class = bool(hardware_component()["data"].get("dispatch"))
+        self.hardware = {name: set(suite.engine_args.get(f"fake_hardware_{name}", [])) if other_class else set()
+                         for name in ("drift", "near_tie", "confident")}
         self._cache: set[tuple[str | None, str]] = set()  # (salt, request key) served since the last reset
         self.delay = suite.engine_args["fake_seconds_per_wave"]
         self._limit = int(suite.engine_args.get("max_model_len", DEFAULT_MAX_MODEL_LEN))
@@ -157,22 +168,28 @@ class FakeEngine(Engine):
     def _complete(self, prompt: Prompt, *, crowded: bool, cached: bool, cancelled: bool = False) -> Completion:
         prompt_ids = self.tokenize(prompt)
         k = self.suite.sampling["logprobs"]
+        flipped = prompt.key in self.hardware["near_tie"] | self.hardware["confident"]
         if prompt.request_type in SCORING_TYPES:
             # scored: the continuation tokens themselves, with the logprobs they get when generated after the
             # window's context (prefill and decode agree, as on a batch-invariant engine)
             ids, rows = [], []
+            demoted = prompt.key in self.hardware["confident"]
             for context, continuation in prompt.segments:
                 ids += continuation
-                rows += [self._row(list(context), i, k, chosen=t) for i, t in enumerate(continuation)]
+                rows += [self._row(list(context), i, k, chosen=t, rank=min(3, k - 1) if demoted and i >= len(continuation) // 2 else 0)
+                         for i, t in enumerate(continuation)]
             finish = "scored"
         else:
             n = int(self.suite.sampling_for(prompt)["max_tokens"])
             salt = "crowded" if crowded and prompt.key in self.vary else ""
             salt += "cached" if cached and prompt.key in self.vary_cached else ""
             salt += "cancelled" if cancelled and prompt.key in self.vary_cancelled else ""
+            salt += "hardware" if flipped else ""
             rows = [self._row(prompt_ids, i, k, salt=salt if i >= n // 2 else "") for i in range(n)]
             ids = [row[0][0] for row in rows]
             finish = "length"
+        if prompt.key in self.hardware["drift"]:
+            rows = [(row_ids, [lp - HARDWARE_DRIFT for lp in lps]) for row_ids, lps in rows]
         import numpy as np
 
         texts = [self.decode([t]) for t in ids]
@@ -185,11 +202,14 @@ class FakeEngine(Engine):
                           cached_tokens=len(prompt_ids) if cached else 0)
 
     def _row(self, prompt_ids: list[int], position: int, k: int, *, salt: str = "",
-             chosen: int | None = None) -> tuple[list[int], list[float]]:
-        """Top-k ids and logprobs at one position: a pure function of weights, prompt, position (and salt)."""
+             chosen: int | None = None, rank: int = 0) -> tuple[list[int], list[float]]:
+        """Top-k ids and logprobs at one position: a pure function of weights, prompt, position (and salt).
+        `chosen` at `rank` (a scored token; rank 0: the top one)."""
         seed = json.dumps([self.weights, prompt_ids, position, salt]).encode()
         words = list(struct.unpack("<8I", hashlib.sha256(seed).digest()))
-        ids = [chosen if chosen is not None else words[0] % self.vocab]
+        ids = [chosen if chosen is not None and rank == 0 else words[0] % self.vocab]
+        if chosen is not None and rank and ids[0] == chosen:
+            ids[0] = (chosen + 1) % self.vocab
         fraction = words[-1] / 2**32 / 100
         round_ = 0
         while len(ids) < min(k, self.vocab):
@@ -197,9 +217,11 @@ class FakeEngine(Engine):
                 round_ += 1
                 words = list(struct.unpack("<8I", hashlib.sha256(seed + b"%d" % round_).digest()))
             candidate = words.pop() % self.vocab
-            if candidate not in ids:
+            if candidate not in ids and candidate != chosen:
                 ids.append(candidate)
-        return ids, [-0.05 - rank - fraction for rank in range(len(ids))]
+        if chosen is not None and rank:
+            ids = (ids[:rank] + [chosen] + ids[rank:])[:k]  # rank < k: the chosen token is in its row
+        return ids, [-0.05 - place - fraction for place in range(len(ids))]
 
 
 class FakeSteps:

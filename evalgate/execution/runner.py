@@ -27,6 +27,7 @@ from ..records import Completion
 from ..store import Store
 from .probes import Wave, WaveContext, get_probe
 from .replay import replay, total_stats
+from .rescore import Rescore, rescore_run
 
 # progress(done, total, label): requests completed across all passes.
 Progress = Callable[[int, int, str], None]
@@ -73,7 +74,8 @@ def tokenize_prompts(suite: Suite, engine: Engine) -> dict[str, list[int]]:
 
 def execute_suite(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings: Timings,
                   progress: Progress | None = None, on_run: Callable[[int], None] | None = None,
-                  labels: dict | None = None, shard: Shard | None = None, keys: tuple[str, ...] | None = None) -> int:
+                  labels: dict | None = None, shard: Shard | None = None, keys: tuple[str, ...] | None = None,
+                  rescore: Rescore | None = None) -> int:
     """Everything a run does in the engine's process, stage by stage: find the suite's lm-eval tasks
     (before the engine starts: a broken task file costs no engine start), start the engine, build the
     tasks' requests, keep this `shard`'s requests (or only `keys`, for bisect trials), record every pass
@@ -105,7 +107,7 @@ def execute_suite(suite: Suite, url: str, *, kind: str, schedule: Schedule, timi
     # prefix cache, so an output never depends on which requests happened to run before it.
     labels = {**(labels or {}), "shard": str(shard) if shard else None}
     run_id = record_run(suite, url, engine, kind=kind, schedule=schedule, timings=timings, progress=progress,
-                        on_run=on_run, labels=labels, cold_waves=kind == "bisect")
+                        on_run=on_run, labels=labels, cold_waves=kind == "bisect", rescore=rescore)
     if tasks is not None and shard is None and keys is None:  # part of a task: its metrics would mislead
         from ..store import open_store
 
@@ -144,6 +146,7 @@ class RunPlan:
     not_run: list[dict]
     salt: str | None  # one per run, so a server that outlives runs never serves a cold pass from an earlier run
     cold_waves: bool = False  # every wave from an empty prefix cache (bisect trials)
+    rescore: Rescore | None = None  # the rescorings the run records (execution/rescore.py)
 
     def schedule_record(self) -> dict:
         """The run's stored `schedule`: the knobs, the passes and their conditions, and the judging policy."""
@@ -162,7 +165,7 @@ def plan_run(suite: Suite, engine: Engine, schedule: Schedule, prompt_ids: dict[
 
 def record_run(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Schedule, timings: Timings,
                progress: Progress | None = None, on_run: Callable[[int], None] | None = None,
-               labels: dict | None = None, cold_waves: bool = False) -> int:
+               labels: dict | None = None, cold_waves: bool = False, rescore: Rescore | None = None) -> int:
     """Plan the run, create its row, run every pass of the plan and store it; returns the run id (status
     still `running`). `cold_waves`: reset the engine's prefix cache before each wave (engines that have one).
 
@@ -176,7 +179,7 @@ def record_run(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: S
         store = open_store(url)
         if schedule.preset == ROTATING:
             schedule = replace(schedule, turn=rotation_turn(store, suite.name))
-        plan = plan_run(suite, engine, schedule, prompt_ids, fingerprint, cold_waves=cold_waves)
+        plan = replace(plan_run(suite, engine, schedule, prompt_ids, fingerprint, cold_waves=cold_waves), rescore=rescore)
         record = plan.schedule_record()
         run_id = store.create_run(suite, kind, record, plan.fingerprint, plan.prompt_ids, **(labels or {}))
     if on_run:
@@ -184,9 +187,10 @@ def record_run(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: S
     with incomplete_on_failure(store, run_id):
         dropped = _run_passes(plan, store, engine, run_id, timings, progress)
         if dropped:  # planned, but could not run after all: not a pass to judge, a reason to report
-            gone = {p.index for p, _ in dropped}
+            gone = {p.index for p, _ in dropped if p is not None}
             record["passes"] = [p for p in record["passes"] if p["index"] not in gone]
-            record["not_run"] += [{"pass": f"probe {p.probe}", "reason": reason} for p, reason in dropped]
+            record["not_run"] += [{"pass": f"probe {p.probe}" if p else "rescoring", "reason": reason}
+                                  for p, reason in dropped]
             store.update_schedule(run_id, record)
     return run_id
 
@@ -260,11 +264,12 @@ def probe_engine(suite: Suite, current: Engine, pass_: Pass, timings: Timings) -
 
 
 def _run_passes(plan: RunPlan, store: Store, engine: Engine, run_id: int, timings: Timings,
-                progress: Progress | None) -> list[tuple[Pass, str]]:
-    """Every pass of the plan, stored pass by pass. Returns the passes that could not run after all, with
-    the reason (a probe whose own engine did not start, or whose engine never preempted)."""
+                progress: Progress | None) -> list[tuple[Pass | None, str]]:
+    """Every pass of the plan, stored pass by pass, and the run's rescorings (execution/rescore.py). Returns
+    what could not run after all, with the reason (a probe whose own engine did not start, or whose engine
+    never preempted; None: the rescoring)."""
     suite, schedule, passes, prompt_ids, salt = plan.suite, plan.schedule, plan.passes, plan.prompt_ids, plan.salt
-    dropped: list[tuple[Pass, str]] = []
+    dropped: list[tuple[Pass | None, str]] = []
     by_key = {p.key: p for p in suite.prompts}
     keys = [p.key for p in suite.prompts]
     total = sum(len(keys) if p.sample is None else sum(in_sample(k, p.sample) for k in keys) for p in passes)
@@ -272,9 +277,23 @@ def _run_passes(plan: RunPlan, store: Store, engine: Engine, run_id: int, timing
     load = schedule.load
     run_trace = load.load_trace() if load is not None and load.trace else None  # read once for every loaded pass
     first_pass: dict[str, Completion] = {}
+
+    rescore = plan.rescore
+
+    def rescore_once() -> None:  # on the suite's own engine, before a probe's replaces it
+        nonlocal rescore
+        if rescore is not None:
+            try:
+                with timings.phase("rescore"):
+                    rescore_run(rescore, engine, store, run_id, plan.prompt_ids, first_pass, plan.salt)
+            except EngineError as exc:  # the run stands; judging it across hardware then lacks the envelope
+                dropped.append((None, f"the engine could not score the tokens: {exc.message}"))
+            rescore = None
+
     for pass_ in passes:
         probe = get_probe(pass_.probe) if pass_.probe else None
         if pass_.engine_args:
+            rescore_once()
             try:
                 engine = probe_engine(suite, engine, pass_, timings)
             except EvalgateError as exc:
@@ -337,4 +356,5 @@ def _run_passes(plan: RunPlan, store: Store, engine: Engine, run_id: int, timing
         t0 = time.perf_counter()
         store.add_outputs(run_id, pass_outputs)
         timings.add("evalgate", time.perf_counter() - t0)
+    rescore_once()
     return dropped

@@ -38,6 +38,7 @@ from ..configuration.shard import Shard
 from ..configuration.suite import Suite
 from ..errors import ConfigError, EngineError, EvalgateError, error_for_exit_code
 from .processes import current_owner, set_parent_death_signal
+from .rescore import Rescore
 from .runner import Progress, Timings, execute_suite
 
 GRACE_SECONDS = 60  # how long an interrupted child may take to mark its run incomplete
@@ -48,17 +49,18 @@ _log_numbers = count(1)
 def execute_in_worker(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings: Timings,
                       progress: Progress | None = None, labels: dict | None = None, shard: Shard | None = None,
                       env: dict[str, str | None] | None = None, keys: tuple[str, ...] | None = None,
-                      show_engine_output: bool = False) -> int:
+                      show_engine_output: bool = False, rescore: Rescore | None = None) -> int:
     """Execute the suite in a child process; return the run id (status still `running`). `env`: variables
     set in the child's environment only (None unsets one), before the engine is imported (e.g. per
     `evalgate cost` candidate or bisect trial). `keys`: run only these requests (bisect trials). The run
     is owned by this process (`runs list` calls it abandoned if this process dies before finishing it).
-    The engine's output goes to `engine_log_path` unless `show_engine_output`."""
+    The engine's output goes to `engine_log_path` unless `show_engine_output`. `rescore`: the rescorings
+    the run records (execution/rescore.py)."""
     engine_log = None if show_engine_output or inline() else engine_log_path(suite, kind)
     labels = {**(labels or {}), "owner": current_owner(),
               "engine_log": str(engine_log) if engine_log is not None else None}
     result = call_in_worker(_execute_job, dict(suite=suite, url=url, kind=kind, schedule=schedule, labels=labels,
-                                               shard=shard, keys=keys), url=url, progress=progress, env=env,
+                                               shard=shard, keys=keys, rescore=rescore), url=url, progress=progress, env=env,
                             engine_log=engine_log)
     timings.update(result["timings"])
     return result["run_id"]
@@ -79,10 +81,10 @@ def log_tail(path: Path | None, lines: int = 30) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def _execute_job(*, suite, url, kind, schedule, labels, shard, keys, progress, on_run) -> dict:
+def _execute_job(*, suite, url, kind, schedule, labels, shard, keys, progress, on_run, rescore=None) -> dict:
     timings = Timings()
     run_id = execute_suite(suite, url, kind=kind, schedule=schedule, timings=timings, progress=progress,
-                           on_run=on_run, labels=labels, shard=shard, keys=keys)
+                           on_run=on_run, labels=labels, shard=shard, keys=keys, rescore=rescore)
     return {"run_id": run_id, "timings": dict(timings)}
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..configuration.policy import BITS_ONLY, GatePolicy
 from ..configuration.schedule import HOT, UNKNOWN, Pass, passes_of
@@ -22,6 +22,9 @@ from ..fingerprint import describe_changes
 from ..store import RunRecord
 from .compare import Divergence, first_divergence, max_logprob_delta, within_run
 from .factors import comparison_label
+
+if TYPE_CHECKING:
+    from .hardware import AcrossHardware
 
 VERDICTS = ("stable", "batch_variance", "silent_regression", "explained_change", "new", "missing")
 FAILURES = ("batch_variance", "silent_regression")
@@ -43,6 +46,8 @@ class RequestVerdict:
     kinds: frozenset = frozenset()
     max_delta: float | None = None  # the largest |Δ logprob| over the differing outputs' same-token positions
     flip: str | None = None  # a token flip's class under the policy: near_tie | confident (policy.py)
+    # a difference from another hardware class's baseline: drift | near_tie | confident (judgement/hardware.py)
+    across: str | None = None
 
     @property
     def bits_only(self) -> bool:
@@ -60,7 +65,18 @@ class RequestVerdict:
             "bits_only": self.bits_only if self.kinds else None,
             "max_delta": self.max_delta,
             "flip": self.flip,
+            "across": self.across,
         }
+
+    @property
+    def difference_class(self) -> str | None:
+        """What kind of difference this is, for people: drift (bits only), near_tie or confident; across
+        hardware the cross-hardware class, within a run the flip's class."""
+        if self.across:
+            return self.across
+        if self.verdict not in (*FAILURES, "explained_change"):
+            return None
+        return "drift" if self.bits_only else self.flip
 
 
 # Rows of a Report (their keys include "pass", a keyword: hence the functional form).
@@ -109,6 +125,7 @@ class Report:
     # rotating preset: this run's requests that ran alone within the last `window` runs (store.alone_coverage)
     alone_coverage: Coverage | None = None
     policy: GatePolicy = field(default_factory=GatePolicy)  # [gate]: what fails (recorded with the run)
+    hardware: AcrossHardware | None = None  # judged against another hardware class's baseline (hardware.py)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -175,13 +192,14 @@ class Report:
             "alone_coverage": self.alone_coverage,
             "gate": self.policy.to_dict(),
             "differences": self.differences(),
+            "hardware": self.hardware.to_dict() if self.hardware else None,
         }
 
     def judged(self) -> dict:
         """What the judgement found about the run's factors, stored with the run (the HTML report reads it)."""
         return {"factors": self.factors, "cache_hits": self.cache_hits, "baseline_pairs": self.baseline_pairs,
                 "not_run": self.not_run, "alone_coverage": self.alone_coverage, "gate": self.policy.to_dict(),
-                "differences": self.differences()}
+                "differences": self.differences(), "hardware": self.hardware.to_dict() if self.hardware else None}
 
 
 def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check", strict: bool = False,

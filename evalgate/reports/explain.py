@@ -42,8 +42,13 @@ def why(v: RequestVerdict) -> str:
         return (f"{words(v.factor)}: pass {p['reference_pass']} (c={p['reference_concurrency']}) vs pass "
                 f"{p['other_pass']} (c={p['other_concurrency']}); {p['differing_passes']}/{p['total_passes'] - 1} "
                 "comparisons differ" + (f"; also varies under {', '.join(also)}" if also else ""))
+    if v.across and v.verdict == "silent_regression":
+        return (f"{ACROSS_WORDS[v.across]} across hardware: not rounding (the hardware explains drift and near ties, "
+                "not this)" if v.across == "confident" else
+                f"{ACROSS_WORDS[v.across]} across hardware, failing: [gate] other_hardware = \"exact\"")
     if v.components:
-        return ", ".join(v.components)
+        tag = f" ({ACROSS_WORDS[v.across]})" if v.across else ""
+        return ", ".join(v.components) + tag
     return "nothing changed" if v.verdict == "silent_regression" else ""
 
 
@@ -75,12 +80,57 @@ def one_line(v: RequestVerdict, *, compact: bool = False) -> str:
     ref, cur = divergence_tokens(d, compact=compact)
     margin = f" (margin {margin_text(d.margin)})" if d.margin is not None else ""
     reason = why(v)
-    flip = f" [{FLIP_WORDS[v.flip]}]" if v.flip else ""
+    flip = (f" [{ACROSS_WORDS[v.across]} across hardware]" if v.across else f" [{FLIP_WORDS[v.flip]}]" if v.flip
+            else "")
     return f"{v.verdict} at token {d.position} ({d.kind}){flip}: reference {ref}, current {cur}{margin}" + (
         f"; {reason}" if reason else "")
 
 
 FLIP_WORDS = {"near_tie": "near-tie flip", "confident": "confident flip"}
+ACROSS_WORDS = {"identical": "identical", "drift": "drift", "near_tie": "near tie", "confident": "confident"}
+
+
+def hardware_lines(section: dict | None, *, flips: int = 10) -> list[str]:
+    """A check judged against another hardware class's baseline (judgement/hardware.py AcrossHardware as a
+    dict): the two classes side by side, the bitwise agreement, the counts per class, the envelope, the
+    tolerances, and each near tie and confident flip with both tokens and both margins."""
+    if not section:
+        return []
+    counts, tol, env = section["counts"], section["tolerance"], section.get("envelope")
+    verdict = ("any difference fails" if section["mode"] == "exact"
+               else "drift and near ties pass, confident flips fail")
+    lines = [f"across hardware: baseline class {section['baseline_class'][:12]} ({section['baseline_label']})",
+             f"                 this class     {section['here_class'][:12]} ({section['here_label']})",
+             f"bitwise: {counts['identical']} of {section['compared']} identical across the two classes; drift "
+             f"{counts['drift']}, near ties {counts['near_tie']}, confident {counts['confident']}",
+             f"tolerance ({tol['dtype']}): near tie within ε {tol['epsilon']:g}, drift within cap {tol['cap']:g} nats; "
+             f"other_hardware = {section['mode']}: {verdict}"]
+    if env and env.get("positions"):
+        lines.append(f"envelope: |Δ logprob| between the two rescorings of the baseline's tokens: max {env['max']:.3g}, "
+                     f"p99 {env['p99']:.3g} over {env['positions']} positions of {env['requests']} requests")
+    for flip in section.get("flips", [])[:flips]:
+        base, here = flip["baseline_token"], flip["here_token"]
+        gap = f", gap here {flip['gap']:.3g}" if flip.get("gap") is not None else ""
+        lines.append(f"  {flip['key']}: {ACROSS_WORDS[flip['class']]} at token {flip['position']}: baseline "
+                     f"{token_label(base['id'], base['text'])} (margin {margin_text(flip['baseline_margin']) or '?'}), "
+                     f"here {token_label(here['id'], here['text'])} (margin {margin_text(flip['here_margin']) or '?'}){gap}")
+    if len(section.get("flips", [])) > flips:
+        lines.append(f"  ... {len(section['flips']) - flips} more (the JSON report has them all)")
+    lines += [f"note: {note}" for note in section.get("notes", [])]
+    if section.get("adopted"):
+        lines.append("adopted: this run is now the baseline of its hardware class (`evalgate baseline list`)")
+    return lines
+
+
+def lineage(receipt: dict | None) -> str:
+    """`adopted from run 3 (AMD EPYC ...): 20 of 24 identical, drift 4, ...`: a baseline's proof, or `recorded here`."""
+    if not receipt:
+        return "recorded on this class"
+    counts = receipt["counts"]
+    env = receipt.get("envelope") or {}
+    envelope = f"; envelope max {env['max']:.3g}" if env.get("max") is not None else ""
+    return (f"adopted from run {receipt['adopted_from']} ({receipt['from_label']}): {counts['identical']} of "
+            f"{receipt['compared']} identical, drift {counts['drift']}, near ties {counts['near_tie']}{envelope}")
 
 
 def gate_lines(d: dict | None) -> list[str]:
@@ -112,7 +162,7 @@ def verdict_from_dict(data: dict) -> RequestVerdict:
         divergence=Divergence(**{k: v for k, v in div.items() if k in fields}) if div else None,
         passes=data.get("passes"), components=list(data.get("components") or []), factor=data.get("factor"),
         kinds=frozenset({"logprob"} if data.get("bits_only") else ()), max_delta=data.get("max_delta"),
-        flip=data.get("flip"),
+        flip=data.get("flip"), across=data.get("across"),
     )
 
 
@@ -200,7 +250,9 @@ def failure_text(v: RequestVerdict, fingerprint_changes: dict | None = None) -> 
             f"current token:   {cur}",
             f"margin: {margin_text(d.margin) or 'unknown'} (reference top-1 minus top-2 logprob at that position)",
         ]
-        if v.flip:
+        if v.across:
+            lines.append(f"across hardware: {ACROSS_WORDS[v.across]}")
+        elif v.flip:
             lines.append(f"flip: {FLIP_WORDS[v.flip]}")
         elif v.bits_only:
             lines.append(f"logprob bits only: token ids equal, largest |Δ logprob| {v.max_delta:.3g}")
@@ -214,6 +266,8 @@ def failure_text(v: RequestVerdict, fingerprint_changes: dict | None = None) -> 
             lines.append(f"varies under: {', '.join(str(f) for f in p['factors'])}")
         if remedy(v.factor):
             lines.append(f"removed by: {remedy(v.factor)}")
+    elif v.verdict == "silent_regression" and v.across:
+        lines.append(f"why: {why(v)}")
     elif v.verdict == "silent_regression":
         lines.append("changed components: none (model, tokenizer, engine, code, hardware, env are all unchanged)")
     if v.verdict in ("silent_regression", "explained_change") and v.passes and v.passes.get("condition"):

@@ -19,10 +19,12 @@ from typing import Iterable, Mapping, TextIO
 
 from ..judgement.verdict import VERDICTS, Report, RequestVerdict
 from .explain import (
+    ACROSS_WORDS,
     STACK_NAMES,
     divergence_tokens,
     factor_lines,
     gate_lines,
+    hardware_lines,
     invariance,
     is_failure,
     margin_text,
@@ -150,19 +152,21 @@ def step_summary(report: Report, fingerprint_changes: Mapping[str, str] | None =
     lines.append("")
     factors = factor_lines(report.factors, report.cache_hits, report.not_run, report.alone_coverage)
     factors += gate_lines(report.differences())
+    factors += hardware_lines(report.hardware.to_dict() if report.hardware else None)
     if factors:
         lines += [f"- {md_text(line.strip())}" for line in factors] + [""]
 
     differing = _ordered_differences(report)
     if differing:
         lines += ["### Differing requests", "",
-                  "| request | verdict | position | reference token | current token | margin | why |",
-                  "|---|---|---:|---|---|---:|---|"]
+                  "| request | verdict | class | position | reference token | current token | margin | why |",
+                  "|---|---|---|---:|---|---|---:|---|"]
         for v in differing[:max_rows]:
             d = v.divergence
             ref, cur = divergence_tokens(d) if d is not None else ("", "")
             verdict = f"**{v.verdict}**" if is_failure(v.verdict, report.strict) else v.verdict
-            cells = [md_text(v.key), verdict, "" if d is None else str(d.position), md_text(ref), md_text(cur),
+            cells = [md_text(v.key), verdict, ACROSS_WORDS.get(v.difference_class or "", ""),
+                     "" if d is None else str(d.position), md_text(ref), md_text(cur),
                      margin_text(d.margin if d else None), md_text(why(v))]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")

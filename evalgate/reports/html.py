@@ -19,7 +19,19 @@ from ..fingerprint import delta, describe_changes
 from ..judgement.verdict import FAILURES, VERDICTS, RequestVerdict
 from ..records import Completion
 from ..store import display_status
-from .explain import STACK_NAMES, factor_lines, gate_lines, invariance, margin_text, one_line, token_label, verdict_from_dict, why
+from .explain import (
+    ACROSS_WORDS,
+    STACK_NAMES,
+    factor_lines,
+    gate_lines,
+    hardware_lines,
+    invariance,
+    margin_text,
+    one_line,
+    token_label,
+    verdict_from_dict,
+    why,
+)
 
 MAX_REQUESTS = 500  # token diffs rendered; the rest are listed by key only
 MAX_PROMPT_CHARS = 4000
@@ -254,6 +266,12 @@ def render_html(page: ReportPage) -> str:
             f"<li{' class=warn' if line.startswith(warn) else ''}>{e(line.strip())}</li>"
             for line in factors + gate_lines(judged.get("differences"))) + "</ul>")
 
+    across = hardware_lines(judged.get("hardware"), flips=50)
+    if across:
+        out.append("<h2>Across hardware</h2>")
+        out.append('<ul class="factors">' + "".join(
+            f"<li{' class=warn' if 'confident at' in line else ''}>{e(line.strip())}</li>" for line in across) + "</ul>")
+
     out.append("<h2>Verdicts</h2>")
     if page.counts:
         out.append('<table class="counts"><tr><th>verdict</th><th>requests</th></tr>' + "".join(
@@ -284,9 +302,10 @@ def render_html(page: ReportPage) -> str:
                    '<p class="empty">none recorded</p>')
     else:
         shown = page.requests[:MAX_REQUESTS]
-        out.append('<table class="index"><tr><th>request</th><th>verdict</th><th>position</th><th>margin</th></tr>'
-                   + "".join(
+        out.append('<table class="index"><tr><th>request</th><th>verdict</th><th>class</th><th>position</th>'
+                   '<th>margin</th></tr>' + "".join(
                        f'<tr><td><a href="#req-{i}">{e(r.verdict.key)}</a></td><td>{_badge(r.verdict.verdict)}</td>'
+                       f'<td>{e(ACROSS_WORDS.get(r.verdict.difference_class or "", ""))}</td>'
                        f'<td class="num">{e(r.verdict.divergence.position) if r.verdict.divergence else ""}</td>'
                        f'<td class="num">{e(margin_text(r.verdict.divergence.margin) if r.verdict.divergence else "")}'
                        f"</td></tr>" for i, r in enumerate(shown)) + "</table>")

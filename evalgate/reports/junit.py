@@ -58,6 +58,19 @@ def _tostring(root: ET.Element) -> str:
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
+def hardware_properties(report: Report) -> list[tuple[str, str]]:
+    """A cross-hardware check's section as properties: the two classes, the counts, the envelope."""
+    if report.hardware is None:
+        return []
+    h = report.hardware
+    env = h.envelope or {}
+    return [("baseline_hardware", h.baseline_label), ("hardware", h.here_label), ("other_hardware", h.mode),
+            ("across_identical", h.identical), *((f"across_{name}", str(n)) for name, n in h.counts.items()),
+            ("envelope_max", "" if env.get("max") is None else repr(env["max"])),
+            ("envelope_p99", "" if env.get("p99") is None else repr(env["p99"])),
+            ("tie_epsilon", repr(h.tolerance.epsilon)), ("drift_cap", repr(h.tolerance.cap))]
+
+
 def junit_xml(report: Report, *, suite_file: str | Path | None = None, duration: float | None = None,
               fingerprint_changes: dict | None = None, timestamp: str | None = None,
               hostname: str | None = None) -> str:
@@ -83,7 +96,8 @@ def junit_xml(report: Report, *, suite_file: str | Path | None = None, duration:
         props = _sub(suite_el, "properties")
         for name, value in (("suite", report.suite_name), ("kind", report.kind), ("run_id", str(report.run_id)),
                             ("baseline_run_id", "" if report.baseline_run_id is None else str(report.baseline_run_id)),
-                            ("strict", str(report.strict).lower()), ("fail_on", report.policy.fail_on)):
+                            ("strict", str(report.strict).lower()), ("fail_on", report.policy.fail_on),
+                            *hardware_properties(report)):
             _sub(props, "property", name=name, value=value)
         for v in verdicts:
             case = _sub(suite_el, "testcase", classname=label, name=v.key, time="0.000")

@@ -11,7 +11,17 @@ from rich.text import Text
 
 from ..judgement.factors import remedies
 from ..judgement.verdict import FAILURES, Report
-from .explain import batch_bisectable, divergence_tokens, factor_lines, gate_lines, margin_text, one_line, why
+from .explain import (
+    ACROSS_WORDS,
+    batch_bisectable,
+    divergence_tokens,
+    factor_lines,
+    gate_lines,
+    hardware_lines,
+    margin_text,
+    one_line,
+    why,
+)
 
 STYLE = {
     "stable": "green", "batch_variance": "bold red", "silent_regression": "bold red",
@@ -50,6 +60,8 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
         console.print(escape(line), style="yellow" if "█" in line else "", soft_wrap=True)
     for line in gate_lines(report.differences()):
         console.print(escape(line), style="yellow" if line.startswith("drift") else "", soft_wrap=True)
+    for line in hardware_lines(report.hardware.to_dict() if report.hardware else None):
+        console.print(escape(line), style="yellow" if "confident at" in line else "", soft_wrap=True)
     for pair in report.baseline_pairs:
         if not pair.get("same_condition", True):
             console.print(escape(f"no pass condition in common with the baseline: compared {pair['condition']}"),
@@ -62,13 +74,13 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
             console.print(escape(f"  {v.key}: {one_line(v, compact=True)}"), soft_wrap=True)
     elif differing:
         table = Table(title="differing requests", title_justify="left")
-        for col in ("request", "verdict", "pos", "reference token", "current token", "margin", "why"):
+        for col in ("request", "verdict", "class", "pos", "reference token", "current token", "margin", "why"):
             table.add_column(col, overflow="fold")
         for v in differing[:MAX_ROWS]:
             d = v.divergence
             ref_tok, cur_tok = divergence_tokens(d, compact=True) if d is not None else ("", "")
             table.add_row(
-                Text(v.key), Text(v.verdict, style=STYLE[v.verdict]),
+                Text(v.key), Text(v.verdict, style=STYLE[v.verdict]), ACROSS_WORDS.get(v.difference_class or "", ""),
                 "" if d is None else str(d.position), ref_tok, cur_tok, margin_text(d.margin if d else None), why(v),
             )
         console.print(table)

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from .base import StoreBase
 
 CHUNK = 500  # keys or hashes per IN (...) query
+# Rescorings (execution/rescore.py) are stored with their run as outputs of passes no schedule has: the run's
+# own first-pass tokens rescored on its class, and (a check judged across hardware) its baseline's tokens
+# rescored on this one. `load_run` reads the schedule's passes only, unless it is asked for one of these.
+OWN_RESCORING, BASELINE_RESCORING = -1, -2
 # What a judgement reads of every output first: (pass index, digest, cached tokens, request key), as the
 # database returns it (a run has thousands: no object is built per row).
 DigestRow = tuple[int, str, "int | None", str]
@@ -60,8 +64,8 @@ class StoredOutputs(Mapping):
     completions are built when it is first looked up: all the run's at once, or those `prefetch` names."""
 
     def __init__(self, store: StoreBase, run_id: int, digests: dict[str, list[DigestRow]],
-                 requests: Mapping[str, Any]):
-        self.store, self.run_id, self.requests = store, run_id, requests
+                 requests: Mapping[str, Any], rescoring: int | None = None):
+        self.store, self.run_id, self.requests, self.rescoring = store, run_id, requests, rescoring
         self.digests = digests  # request key -> its outputs' DigestRows, in pass order
         self._completions: dict[str, list[Completion]] = {}
         self.payloads = RunPayloads(store, run_id)
@@ -95,6 +99,7 @@ class StoredOutputs(Mapping):
                     outputs.c.position, outputs.c.finish_reason, outputs.c.digest, outputs.c.cached_tokens,
                     outputs.c.payload_hash)
              .where(outputs.c.run_id == self.run_id).order_by(outputs.c.pass_index, outputs.c.id))
+        q = q.where(outputs.c.pass_index >= 0 if self.rescoring is None else outputs.c.pass_index == self.rescoring)
         if keys is not None:
             q = q.where(outputs.c.request_key.in_(keys))
         built: dict[str, list[Completion]] = {}
@@ -174,8 +179,9 @@ class RequestDetails:
         return self._rows[key]
 
 
-def load_run(store: StoreBase, run, fingerprint: dict) -> RunRecord:
-    """A stored run for comparison: its requests and every output's digest, in two plain queries."""
+def load_run(store: StoreBase, run, fingerprint: dict, rescoring: int | None = None) -> RunRecord:
+    """A stored run for comparison: its requests and every output's digest, in two plain queries. Its
+    passes; or, with `rescoring` (OWN_RESCORING, BASELINE_RESCORING), that rescoring alone as one pass."""
     details = RequestDetails(store, run.id)
     mark = store.placeholders(1)
     with store.session() as s:
@@ -183,10 +189,11 @@ def load_run(store: StoreBase, run, fingerprint: dict) -> RunRecord:
                     for key, request_hash, location, request_type in store.select_rows(
                         s, f"SELECT key, request_hash, location, request_type FROM requests WHERE run_id = {mark} "
                         "ORDER BY id", (run.id,))}
+        which = "pass_index >= 0" if rescoring is None else f"pass_index = {int(rescoring)}"
         rows = store.select_rows(s, "SELECT pass_index, digest, cached_tokens, request_key FROM outputs "
-                                    f"WHERE run_id = {mark} ORDER BY request_key, pass_index", (run.id,))
+                                    f"WHERE run_id = {mark} AND {which} ORDER BY request_key, pass_index", (run.id,))
     digests: dict[str, list[DigestRow]] = {}
     for row in rows:
         digests.setdefault(row[3], []).append(row)
     return RunRecord(run=run, fingerprint=fingerprint, requests=requests,
-                     outputs=StoredOutputs(store, run.id, digests, requests))
+                     outputs=StoredOutputs(store, run.id, digests, requests, rescoring))

@@ -121,6 +121,9 @@ class Baseline(Base):
     hardware_class: Mapped[str] = mapped_column(String(64))
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     promoted_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # An adopted baseline's proof (judgement/hardware.py): judged against which run on which class, with what
+    # result. NULL: created or accepted on its own class.
+    receipt: Mapped[dict | None] = mapped_column(JSON)
 
 
 class Score(Base):

@@ -220,10 +220,11 @@ class RunStore(StoreBase):
         with self.session() as s:
             return [v.detail for v in s.scalars(select(Verdict).where(Verdict.run_id == run_id).order_by(Verdict.id))]
 
-    def load(self, run_id: int) -> RunRecord:
+    def load(self, run_id: int, rescoring: int | None = None) -> RunRecord:
         """A run for comparison (store/loaded.py): its requests and every output's digest at once; its
-        completions and their payloads when a comparison needs tokens, that is when digests differ."""
+        completions and their payloads when a comparison needs tokens, that is when digests differ.
+        `rescoring`: one of the run's rescorings instead of its passes (OWN_RESCORING, BASELINE_RESCORING)."""
         run = self.get_run(run_id)
         with self.session() as s:
             fp = s.get(Fingerprint, run.fingerprint_hash)
-        return load_run(self, run, fp.components if fp else {})
+        return load_run(self, run, fp.components if fp else {}, rescoring)

@@ -26,8 +26,10 @@ def test_a_prefix_cache_effect_is_attributed_to_the_cache_not_the_batch(inline_c
     assert report["cache_hits"] == [{"pass": 1, "hit": 6, "missed": 0, "unknown": 0}]
     # cold passes are proven cold, the hot pass hot (the engine's own counts, stored per output)
     db = database_url(suite)
+    # (pass -1: the baseline's rescoring of its own tokens, cold too: execution/rescore.py)
     assert db_query(db, "select pass_index, min(cached_tokens > 0), max(cached_tokens > 0) from outputs "
-                        "group by pass_index order by pass_index") == [(0, 0, 0), (1, 1, 1), (2, 0, 0), (3, 0, 0)]
+                        "group by pass_index order by pass_index") == [(-1, 0, 0), (0, 0, 0), (1, 1, 1), (2, 0, 0),
+                                                                       (3, 0, 0)]
     out = " ".join(proc.stdout.split())
     assert "invariant under: batch size 1→4, order (seed 0) at batch size 4" in out
     assert "varies under: prefix cache cold→hot (1 request)" in out
@@ -83,9 +85,10 @@ def test_every_probe_runs_or_says_why_not(inline_cli, tmp_path, fake_model):
     assert [n["pass"] for n in report["not_run"]] == ["probe chunked_prefill", "probe preemption"]
     assert all("only the in-process `vllm` kind starts one" in n["reason"] for n in report["not_run"])
     db = database_url(suite)
-    # companions (fillers, warmers) are never stored: every pass holds the suite's 6 requests, once each
-    assert db_query(db, "select count(distinct pass_index), min(n), max(n) from (select pass_index, count(*) n, "
-                        "count(distinct request_key) d from outputs group by pass_index)") == [(8, 6, 6)]
+    # companions (fillers, warmers) are never stored: every pass holds the suite's 6 requests, once each (and
+    # so does the baseline's rescoring of its own tokens, pass -1)
+    assert db_query(db, "select count(distinct pass_index), min(n), max(n), min(pass_index) from (select pass_index, "
+                        "count(*) n, count(distinct request_key) d from outputs group by pass_index)") == [(9, 6, 6, -1)]
     # each needle ran in its own wave among 3 fillers, at a seeded position
     needle = db_query(db, "select wave, position from outputs where pass_index = 5 order by wave")
     assert [w for w, _ in needle] == list(range(6)) and {p for _, p in needle} <= {0, 1, 2, 3}

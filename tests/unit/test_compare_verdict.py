@@ -297,7 +297,8 @@ def test_report_to_dict_schema():
     assert d["batch_invariance"] == {"requested": True, "in_force": False, "reason": "cpu"}
     assert [r["key"] for r in d["requests"]] == ["b"]  # stable requests are left out
     assert set(d["requests"][0]) == {"key", "verdict", "location", "divergence", "passes", "components", "factor",
-                                     "bits_only", "max_delta", "flip"}
+                                     "bits_only", "max_delta", "flip", "across"}
+    assert d["requests"][0]["across"] is None and d["hardware"] is None  # one hardware class
     assert d["requests"][0]["divergence"]["position"] == 0
     json.dumps(d, allow_nan=False)
 
@@ -504,7 +505,7 @@ def test_golden_json_fields_of_conditions():
     assert set(d) == {"schema", "kind", "suite", "run_id", "baseline_run_id", "status", "exit_code", "strict",
                       "promoted", "counts", "changed_components", "batch_invariance", "requests", "metrics",
                       "task_changes", "factors", "cache_hits", "baseline_pairs", "not_run", "alone_coverage",
-                      "gate", "differences"}
+                      "gate", "differences", "hardware"}
     assert d["alone_coverage"] is None  # the full schedule; the rotating preset's: tests/plumbing/test_rotation.py
     assert d["factors"][0] == {"factor": "prefix_cache", "comparison": "prefix cache cold→hot", "reference_pass": 0,
                                "pass": 1, "differing": 1, "compared": 1, "requests": 1, "keys": ["k"]}

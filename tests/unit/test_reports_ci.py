@@ -120,13 +120,13 @@ Suite **smoke \<1\> \& co**, run 7 against baseline run 3: exit 1.
 
 ### Differing requests
 
-| request | verdict | position | reference token | current token | margin | why |
-|---|---|---:|---|---|---:|---|
-| caps%:,\\r\\n\<\&"'🦀 | **batch_variance** | 3 | 9822 ' Paris' | 1234 ' \<the\> \& "x"' | 0.0009766 | batch size: pass 0 (c=1) vs pass 2 (c=16); 1/2 comparisons differ |
-| story, 1: \*bold\* \| pipe | **silent_regression** | 2 | 315 '\\n' lp=-0.078125 | 315 '\\n' lp=-0.078125000000001 | 2.531 | nothing changed |
-| explained é | explained_change | 5 | (end) | 42 '🙂' |  | model, suite |
-| new-one | new |  |  |  |  | suite |
-| gone | missing |  |  |  |  | suite |
+| request | verdict | class | position | reference token | current token | margin | why |
+|---|---|---|---:|---|---|---:|---|
+| caps%:,\\r\\n\<\&"'🦀 | **batch_variance** |  | 3 | 9822 ' Paris' | 1234 ' \<the\> \& "x"' | 0.0009766 | batch size: pass 0 (c=1) vs pass 2 (c=16); 1/2 comparisons differ |
+| story, 1: \*bold\* \| pipe | **silent_regression** |  | 2 | 315 '\\n' lp=-0.078125 | 315 '\\n' lp=-0.078125000000001 | 2.531 | nothing changed |
+| explained é | explained_change |  | 5 | (end) | 42 '🙂' |  | model, suite |
+| new-one | new |  |  |  |  |  | suite |
+| gone | missing |  |  |  |  |  | suite |
 
 **FAIL**: 2 request(s): batch_variance, silent_regression (exit 1)
 """
@@ -141,7 +141,7 @@ def test_step_summary_truncates_and_orders_failures_first():
     text = github.step_summary(report, CHANGES, max_rows=2)
     assert text.startswith("## evalgate check: FAIL\n\nSuite **smoke \\<1\\> \\& co**, run 7 against baseline run 3 "
                            "(strict): exit 1.\n")
-    rows = text.split("|---|---|---:|---|---|---:|---|\n")[1].split("\n\n")[0].splitlines()
+    rows = text.split("|---|---|---|---:|---|---|---:|---|\n")[1].split("\n\n")[0].splitlines()
     assert len(rows) == 2
     assert rows[0].startswith("| caps%") and "| **batch_variance** |" in rows[0]
     assert rows[1].startswith("| story, 1") and "| **silent_regression** |" in rows[1]

@@ -1,0 +1,92 @@
+"""Rescoring: generated tokens scored again as a continuation of their prompt (teacher forcing), one
+prefill per request, alone and cold. What lets a baseline travel to another hardware class
+(evalgate/judgement/hardware.py, docs/conditions.md "Across hardware").
+
+Prefill and decode run different kernels, so a rescoring is only ever compared with a rescoring: the
+baseline records one of its own tokens on its class; a check on another class rescores the *baseline's*
+tokens here, and the two give, per position, how far the classes' numerics lie apart (the envelope) and how
+close this machine comes to choosing the baseline's token where it chose another (a near tie or not).
+
+A rescoring is stored with the run it belongs to, as outputs of a pass that is no pass of the schedule
+(store/loaded.py `OWN_RESCORING`, `BASELINE_RESCORING`: negative pass indexes): nothing that judges a run's
+passes reads it; `Store.load(run_id, rescoring=...)` reads one. A merged run carries its shards' rescorings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..configuration.prompts import SCORING_TYPES, Prompt
+from ..engines import Engine
+from ..records import Completion, unpack_ids
+from ..store import BASELINE_RESCORING, OWN_RESCORING, Store
+
+
+@dataclass(frozen=True)
+class Rescore:
+    """Which rescorings a run records: its own first pass's tokens (a baseline; a cross-hardware check, so
+    it can be adopted) and another run's (`of_run`: the other class's baseline, rescored on this one)."""
+
+    own: bool = True
+    of_run: int | None = None
+
+
+Tokens = dict[str, tuple[list[int], list[int]]]  # request key -> (prompt ids, output ids)
+
+
+def tokens_of(completions: dict[str, Completion], prompt_ids: dict[str, list[int]]) -> Tokens:
+    """The generated requests' tokens (a scoring request already is a rescoring: nothing to add)."""
+    return {key: (list(prompt_ids[key]), c.output_ids.tolist()) for key, c in completions.items()
+            if c.finish_reason != "scored" and c.output_ids.size}
+
+
+def tokens_of_run(store: Store, run_id: int) -> Tokens:
+    """A stored run's first-pass tokens, with the prompt ids it ran."""
+    record = store.load(run_id)
+    keys = list(record.requests)
+    record.prefetch(keys)
+    first = {}
+    for key in keys:
+        outputs = record.outputs.get(key) or []
+        if outputs and record.requests[key].request_type not in SCORING_TYPES:
+            first[key] = min(outputs, key=lambda c: c.pass_index)
+    return tokens_of(first, {key: unpack_ids(record.requests[key].prompt_ids) for key in first})
+
+
+def score(engine: Engine, tokens: Tokens, salt: str | None, pass_index: int,
+          done: dict[str, Completion] | None = None) -> list[Completion]:
+    """Each request's tokens scored after its prompt, alone and cold (its own cache salt). `done`: rescorings
+    of the same prompt and tokens already made on this engine, reused as they are (a prefill is a function of
+    its tokens)."""
+    out = {}
+    limit = engine.max_model_len - 1  # the prefill asks for one token more
+    for key, (prompt_ids, output_ids) in tokens.items():
+        output_ids = output_ids[: max(0, limit - len(prompt_ids))]
+        known = (done or {}).get(key)
+        if known is not None and list(known.prompt_ids) == prompt_ids + output_ids:
+            out[key] = known
+        elif output_ids:
+            prompt = rescoring_prompt(key, prompt_ids, output_ids)
+            out[key], = engine.generate([prompt], cache_salt=f"{salt}-rescore") if salt else engine.generate([prompt])
+    scored = [replace(c, pass_index=pass_index, concurrency=1, wave=wave, position=0)
+              for wave, c in enumerate(out.values())]
+    return scored
+
+
+def rescoring_prompt(key: str, prompt_ids: list[int], output_ids: list[int]) -> Prompt:
+    """A scoring request of these tokens after this prompt (an lm-eval loglikelihood request's shape)."""
+    return Prompt(key, "", None, 0, request_type="loglikelihood", segments=((tuple(prompt_ids), tuple(output_ids)),),
+                  location="rescoring")
+
+
+def rescore_run(rescore: Rescore, engine: Engine, store: Store, run_id: int, prompt_ids: dict[str, list[int]],
+                first_pass: dict[str, Completion], salt: str | None) -> None:
+    """The rescorings a run records, on the engine that ran its passes (before a probe replaces it)."""
+    done: dict[str, Completion] = {}
+    if rescore.of_run is not None:
+        theirs = score(engine, tokens_of_run(store, rescore.of_run), salt, BASELINE_RESCORING)
+        store.add_outputs(run_id, theirs)
+        done = {c.key: c for c in theirs}
+    if rescore.own:
+        # where this run chose the baseline's tokens, their rescoring here is this run's own too
+        store.add_outputs(run_id, score(engine, tokens_of(first_pass, prompt_ids), salt, OWN_RESCORING, done))

@@ -1,0 +1,109 @@
+"""Across hardware on the fake engine (plumbing): a baseline recorded on this machine judges a check run under
+an instruction-set cap (`ONEDNN_MAX_CPU_ISA`: another hardware class on any machine), with cross-hardware
+outputs planted per request (engines/fake.py `fake_hardware_*`). What real vLLM does across classes is
+tested against plain vLLM in tests/e2e/test_e2e_hardware.py."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import database_url, db_query, read_json, write_suite
+
+PROMPTS = [f"Question {i}: what is the colour of the river number {i}?" for i in range(6)]
+OTHER_CLASS = ("ONEDNN_MAX_CPU_ISA", "SSE41")  # a kernel dispatch cap: another hardware class anywhere
+
+
+def suite_with(tmp_path, fake_model, planted: str, gate: str = "", name: str = "ws"):
+    suite = write_suite(tmp_path / name, fake_model, PROMPTS, concurrency=(1, 3), shuffles=0, kind="fake",
+                        max_tokens=8, extra_engine=planted)
+    if gate:
+        suite.write_text(suite.read_text(encoding="utf-8") + f"\n[gate]\n{gate}\n", encoding="utf-8")
+    return suite
+
+
+def test_drift_and_a_near_tie_pass_across_hardware_then_adoption_judges_like_with_like(
+        inline_cli, tmp_path, fake_model, monkeypatch):
+    suite = suite_with(tmp_path, fake_model, 'fake_hardware_drift = ["p000"]\nfake_hardware_near_tie = ["p001"]')
+    inline_cli("baseline", "create", suite, check=0)
+    db = database_url(suite)
+    # the baseline rescored its own tokens, stored with it (store/loaded.py OWN_RESCORING), every request once
+    assert db_query(db, "select pass_index, count(distinct request_key), min(finish_reason) from outputs "
+                        "where pass_index < 0 group by pass_index") == [(-1, len(PROMPTS), "scored")]
+
+    monkeypatch.setenv(*OTHER_CLASS)
+    proc = inline_cli("check", suite, "--json-report", tmp_path / "c.json", "--junit", tmp_path / "c.xml", check=0)
+    report = read_json(tmp_path / "c.json")
+    section = report["hardware"]
+    assert section["counts"] == {"identical": 4, "drift": 1, "near_tie": 1, "confident": 0}
+    assert section["compared"] == 6 and section["mode"] == "judge"
+    assert section["envelope"]["max"] == pytest.approx(1e-6, rel=1e-3)  # p000's rescorings, 1e-6 apart
+    assert section["envelope"]["requests"] == 6
+    by_key = {r["key"]: r for r in report["requests"]}
+    assert set(by_key) == {"p000", "p001"}
+    assert (by_key["p000"]["verdict"], by_key["p000"]["across"], by_key["p000"]["components"]) == (
+        "explained_change", "drift", ["hardware"])
+    assert (by_key["p001"]["verdict"], by_key["p001"]["across"]) == ("explained_change", "near_tie")
+    (flip,) = section["flips"]
+    assert flip["key"] == "p001" and flip["class"] == "near_tie" and flip["gap"] == 0.0
+    assert flip["baseline_token"]["id"] != flip["here_token"]["id"] and flip["position"] == 4
+    assert "4 of 6 identical" in proc.stdout and "near tie at token 4" in proc.stdout
+    assert 'name="across_near_tie" value="1"' in (tmp_path / "c.xml").read_text(encoding="utf-8")
+    # the check rescored the baseline's tokens here (-2), and its own (-1): those that equal the baseline's
+    # are the same rescoring (one payload), the flipped one is new
+    rescored = db_query(db, "select pass_index, request_key, payload_hash from outputs where run_id = 2 and "
+                            "pass_index < 0 order by pass_index, request_key")
+    theirs = {key: h for p, key, h in rescored if p == -2}
+    mine = {key: h for p, key, h in rescored if p == -1}
+    assert set(theirs) == set(mine) == {f"p{i:03d}" for i in range(6)}
+    assert [key for key in mine if mine[key] != theirs[key]] == ["p001"]
+
+    proc = inline_cli("baseline", "adopt", "2", "--suite", suite, check=0)
+    assert "adopted by proof against run 1" in proc.stdout
+    listed = inline_cli("baseline", "list", "--suite", suite, check=0).stdout
+    assert "adopted from run 1" in listed and "recorded on this class" in listed
+    # now this class has its own baseline: judged like with like, bit for bit, no cross-hardware section
+    inline_cli("check", suite, "--json-report", tmp_path / "again.json", check=0)
+    again = read_json(tmp_path / "again.json")
+    assert again["baseline_run_id"] == 2 and again["hardware"] is None and again["counts"]["stable"] == 6
+
+
+def test_a_confident_flip_fails_and_is_never_adopted(inline_cli, tmp_path, fake_model, monkeypatch):
+    suite = suite_with(tmp_path, fake_model, 'fake_hardware_confident = ["p002"]')
+    inline_cli("baseline", "create", suite, check=0)
+    monkeypatch.setenv(*OTHER_CLASS)
+    proc = inline_cli("check", suite, "--adopt", "--json-report", tmp_path / "c.json", check=1)
+    report = read_json(tmp_path / "c.json")
+    (bad,) = report["requests"]
+    assert (bad["key"], bad["verdict"], bad["across"], bad["components"]) == ("p002", "silent_regression", "confident", [])
+    (flip,) = report["hardware"]["flips"]
+    assert flip["gap"] == pytest.approx(3.0)  # the baseline's token, three places below this class's top
+    assert "not rounding" in proc.stdout and report["hardware"]["adopted"] is False
+    refused = inline_cli("baseline", "adopt", str(report["run_id"]), "--suite", suite, check=2)
+    assert "confident flip" in refused.stderr
+    assert db_query(database_url(suite), "select count(*) from baselines") == [(1,)]
+
+
+def test_exact_fails_on_drift_and_refuse_keeps_exit_4(inline_cli, tmp_path, fake_model, monkeypatch):
+    exact = suite_with(tmp_path, fake_model, 'fake_hardware_drift = ["p000"]', 'other_hardware = "exact"', "exact")
+    refuse = suite_with(tmp_path, fake_model, 'fake_hardware_drift = ["p000"]', 'other_hardware = "refuse"', "refuse")
+    for suite in (exact, refuse):
+        inline_cli("baseline", "create", suite, check=0)
+    monkeypatch.setenv(*OTHER_CLASS)
+    inline_cli("check", exact, "--json-report", tmp_path / "e.json", check=1)
+    (drift,) = read_json(tmp_path / "e.json")["requests"]
+    assert (drift["verdict"], drift["across"]) == ("silent_regression", "drift")
+    proc = inline_cli("check", refuse, check=4)
+    assert "refuse" in proc.stderr and "1 other hardware class" in proc.stderr
+    # --against names the other class's baseline all the same
+    inline_cli("check", refuse, "--against", "1", check=0)
+
+
+def test_against_names_a_baseline_and_bad_values_are_exit_2(inline_cli, tmp_path, fake_model):
+    suite = suite_with(tmp_path, fake_model, "", 'tie_epsilon = 0.5\ndrift_cap = 1')
+    inline_cli("baseline", "create", suite, check=0)
+    assert "--against 99" in inline_cli("check", suite, "--against", "99", check=2).stderr
+    inline_cli("check", suite, "--against", "1", "--json-report", tmp_path / "c.json", check=0)
+    assert read_json(tmp_path / "c.json")["gate"]["tie_epsilon"] == 0.5
+    for gate, field in (('other_hardware = "maybe"', "gate.other_hardware"), ("drift_cap = -1", "gate.drift_cap"),
+                        ('tie_epsilon = "x"', "gate.tie_epsilon")):
+        bad = suite_with(tmp_path, fake_model, "", gate, f"bad-{field}")
+        assert field in inline_cli("check", bad, check=2).stderr
