@@ -77,7 +77,8 @@ def promotes(report: Report, *, allow_variance: bool = False, shard: Shard | Non
 
 
 def judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: int | None, strict: bool = False,
-                     allow_variance: bool = False, shard: Shard | None = None, timings: Timings | None = None) -> Report:
+                     allow_variance: bool = False, shard: Shard | None = None, timings: Timings | None = None,
+                     in_scope=None) -> Report:
     """Judge a recorded run and finish it: complete, with its verdict, and the baseline if it `promotes`.
     Anything that fails here leaves the run incomplete, never complete."""
     timings = timings if timings is not None else Timings()
@@ -85,8 +86,10 @@ def judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: i
         with timings.phase("evalgate"), collector_paused():
             current = store.load(run_id)
             baseline = store.load(baseline_run_id) if baseline_run_id is not None else None
-            report = judge_records(store, current, baseline, kind=kind, strict=strict,
-                                   in_scope=shard.contains if shard else (lambda key: True))
+            in_scope = in_scope or (shard.contains if shard else (lambda key: True))
+            report = judge_records(store, current, baseline, kind=kind, strict=strict, in_scope=in_scope)
+            report.hardware_class = current.run.hardware_class
+            report.hardware_label = hardware_label(current.fingerprint.get("hardware") or {})
             report.promoted = promotes(report, allow_variance=allow_variance, shard=shard)
         stored = current.run.schedule or {}
         store.finish_run(
@@ -146,10 +149,12 @@ class BaselineChoice:
     cross: bool = False
 
 
-def find_baseline(suite: Suite, store: Store | None, url: str, against: str | int | None = None) -> BaselineChoice:
+def find_baseline(suite: Suite, store: Store | None, url: str, against: str | int | None = None,
+                  here: dict | None = None) -> BaselineChoice:
     """This class's baseline; else, unless `[gate] other_hardware = "refuse"`, the nearest other class's
-    (`nearest_baseline`); `against`: a baseline run id or a hardware class (a prefix of its hash), named."""
-    here = hardware_component()
+    (`nearest_baseline`); `against`: a baseline run id or a hardware class (a prefix of its hash), named.
+    `here`: the hardware component of the run to judge (default: this machine's)."""
+    here = here or hardware_component()
     if against is not None and str(against).strip():
         return _named_baseline(suite, store, url, str(against).strip(), here["hash"])
     run_id = store.baseline_for(suite.name, here["hash"]) if store else None
@@ -245,19 +250,48 @@ def merge(suite: Suite, group: str, *, kind: str = "check", store: Store | str |
             fix="re-run the failed or missing shard jobs, then merge again")
     runs = [latest[f"{i}/{count}"] for i in range(1, count + 1)]
     records = [store.load(r.id) for r in runs]
+    classes: dict[str, list[RunRecord]] = {}  # a check's shards may run on several hardware classes
+    for record in records:
+        classes.setdefault(record.run.hardware_class, []).append(record)
+    if kind == "baseline" and len(classes) > 1:
+        raise ConfigError(f"the baseline shards of group {group!r} ran on {len(classes)} hardware classes: a baseline "
+                          "is one class's", fix="run a sharded baseline's jobs on one kind of machine (check shards "
+                                                "may mix: each class is judged against its own or the nearest baseline)")
+    first = records[0]
     for other in records[1:]:
-        differing = fingerprint_delta(records[0].fingerprint, other.fingerprint)
+        differing = [c for c in fingerprint_delta(first.fingerprint, other.fingerprint) if c != "hardware"]
         if differing:
-            raise ConfigError(f"shard runs {runs[0].id} and {other.id} of group {group!r} differ in "
+            raise ConfigError(f"shard runs {first.id} and {other.id} of group {group!r} differ in "
                               f"{', '.join(differing)}: their outputs cannot be judged as one run",
-                              fix="run every shard of a group on the same hardware and setup")
-    fingerprint = dict(records[0].fingerprint)
-    fingerprint["suite"] = component({"requests": {k: r.request_hash for rec in records
-                                                   for k, r in rec.requests.items()}})
-    merged_id = store.merge_runs(runs, fingerprint)
-    baseline_run_id = find_baseline(suite, store, url).run_id if kind == "check" else None
-    return judge_and_finish(store, merged_id, kind=kind, baseline_run_id=baseline_run_id, strict=strict,
-                            allow_variance=allow_variance)
+                              fix="run every shard of a group with the same model and setup")
+    reports = []
+    for hardware_class, members in classes.items():
+        fingerprint = dict(members[0].fingerprint)
+        fingerprint["suite"] = component({"requests": {k: r.request_hash for rec in members
+                                                       for k, r in rec.requests.items()}})
+        merged_id = store.merge_runs([rec.run for rec in members], fingerprint)
+        baseline_run_id = (find_baseline(suite, store, url, here=fingerprint["hardware"]).run_id if kind == "check"
+                           else None)
+        keys = {key for rec in members for key in rec.requests}
+        reports.append(judge_and_finish(store, merged_id, kind=kind, baseline_run_id=baseline_run_id, strict=strict,
+                                        allow_variance=allow_variance, in_scope=keys.__contains__))
+    return reports[0] if len(reports) == 1 else combine(reports)
+
+
+def combine(reports: list[Report]) -> Report:
+    """One verdict over a check's shards merged per hardware class: every request's verdict, and per class
+    the merged run, the baseline it was judged against (its own class's or another's) and its result."""
+    first = reports[0]
+    combined = Report(kind=first.kind, suite_name=first.suite_name, run_id=first.run_id,
+                      baseline_run_id=first.baseline_run_id, verdicts=[v for r in reports for v in r.verdicts],
+                      changed_components=sorted({c for r in reports for c in r.changed_components}),
+                      batch_invariance=first.batch_invariance, strict=first.strict, policy=first.policy,
+                      fingerprint_changes={k: v for r in reports for k, v in r.fingerprint_changes.items()},
+                      not_run=[n for r in reports for n in r.not_run])
+    combined.classes = [{"hardware_class": r.hardware_class, "label": r.hardware_label, "run_id": r.run_id,
+                         "baseline_run_id": r.baseline_run_id, "status": r.status, "counts": r.counts,
+                         "hardware": r.hardware.to_dict() if r.hardware else None} for r in reports]
+    return combined
 
 
 def accept(store: Store, run_id: int):

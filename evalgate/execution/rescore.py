@@ -40,10 +40,10 @@ def tokens_of(completions: dict[str, Completion], prompt_ids: dict[str, list[int
             if c.finish_reason != "scored" and c.output_ids.size}
 
 
-def tokens_of_run(store: Store, run_id: int) -> Tokens:
-    """A stored run's first-pass tokens, with the prompt ids it ran."""
+def tokens_of_run(store: Store, run_id: int, keys: set[str]) -> Tokens:
+    """A stored run's first-pass tokens of these requests (a shard's), with the prompt ids it ran."""
     record = store.load(run_id)
-    keys = list(record.requests)
+    keys = [key for key in record.requests if key in keys]
     record.prefetch(keys)
     first = {}
     for key in keys:
@@ -84,7 +84,7 @@ def rescore_run(rescore: Rescore, engine: Engine, store: Store, run_id: int, pro
     """The rescorings a run records, on the engine that ran its passes (before a probe replaces it)."""
     done: dict[str, Completion] = {}
     if rescore.of_run is not None:
-        theirs = score(engine, tokens_of_run(store, rescore.of_run), salt, BASELINE_RESCORING)
+        theirs = score(engine, tokens_of_run(store, rescore.of_run, set(prompt_ids)), salt, BASELINE_RESCORING)
         store.add_outputs(run_id, theirs)
         done = {c.key: c for c in theirs}
     if rescore.own:

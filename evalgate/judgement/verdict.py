@@ -126,6 +126,10 @@ class Report:
     alone_coverage: Coverage | None = None
     policy: GatePolicy = field(default_factory=GatePolicy)  # [gate]: what fails (recorded with the run)
     hardware: AcrossHardware | None = None  # judged against another hardware class's baseline (hardware.py)
+    hardware_class: str | None = None  # the run's (gate.judge_and_finish), and for people:
+    hardware_label: str | None = None
+    # a check's shards merged per hardware class (gate.combine): per class its run, baseline and result
+    classes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -193,6 +197,7 @@ class Report:
             "gate": self.policy.to_dict(),
             "differences": self.differences(),
             "hardware": self.hardware.to_dict() if self.hardware else None,
+            "classes": self.classes,
         }
 
     def judged(self) -> dict:

@@ -122,6 +122,24 @@ def hardware_lines(section: dict | None, *, flips: int = 10) -> list[str]:
     return lines
 
 
+def class_lines(classes: list[dict]) -> list[str]:
+    """A check's shards merged per hardware class (gate.combine): each class's run, baseline and result."""
+    lines = []
+    for c in classes:
+        counts = ", ".join(f"{name} {n}" for name, n in c["counts"].items() if n)
+        across = c.get("hardware")
+        if across:
+            h = across["counts"]
+            against = (f"across hardware against baseline run {c['baseline_run_id']} ({across['baseline_label']}): "
+                       f"{h['identical']} of {across['compared']} identical, drift {h['drift']}, near ties "
+                       f"{h['near_tie']}, confident {h['confident']}")
+        else:
+            against = f"against its own class's baseline run {c['baseline_run_id']}"
+        lines.append(f"class {c['hardware_class'][:12]} ({c['label']}): merged run {c['run_id']} {against}; "
+                     f"{c['status']} ({counts})")
+    return lines
+
+
 def lineage(receipt: dict | None) -> str:
     """`adopted from run 3 (AMD EPYC ...): 20 of 24 identical, drift 4, ...`: a baseline's proof, or `recorded here`."""
     if not receipt:

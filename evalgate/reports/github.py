@@ -21,6 +21,7 @@ from ..judgement.verdict import VERDICTS, Report, RequestVerdict
 from .explain import (
     ACROSS_WORDS,
     STACK_NAMES,
+    class_lines,
     divergence_tokens,
     factor_lines,
     gate_lines,
@@ -152,7 +153,7 @@ def step_summary(report: Report, fingerprint_changes: Mapping[str, str] | None =
     lines.append("")
     factors = factor_lines(report.factors, report.cache_hits, report.not_run, report.alone_coverage)
     factors += gate_lines(report.differences())
-    factors += hardware_lines(report.hardware.to_dict() if report.hardware else None)
+    factors += hardware_lines(report.hardware.to_dict() if report.hardware else None) + class_lines(report.classes)
     if factors:
         lines += [f"- {md_text(line.strip())}" for line in factors] + [""]
 

@@ -14,6 +14,7 @@ from ..judgement.verdict import FAILURES, Report
 from .explain import (
     ACROSS_WORDS,
     batch_bisectable,
+    class_lines,
     divergence_tokens,
     factor_lines,
     gate_lines,
@@ -60,7 +61,7 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
         console.print(escape(line), style="yellow" if "█" in line else "", soft_wrap=True)
     for line in gate_lines(report.differences()):
         console.print(escape(line), style="yellow" if line.startswith("drift") else "", soft_wrap=True)
-    for line in hardware_lines(report.hardware.to_dict() if report.hardware else None):
+    for line in hardware_lines(report.hardware.to_dict() if report.hardware else None) + class_lines(report.classes):
         console.print(escape(line), style="yellow" if "confident at" in line else "", soft_wrap=True)
     for pair in report.baseline_pairs:
         if not pair.get("same_condition", True):

@@ -107,3 +107,26 @@ def test_against_names_a_baseline_and_bad_values_are_exit_2(inline_cli, tmp_path
                         ('tie_epsilon = "x"', "gate.tie_epsilon")):
         bad = suite_with(tmp_path, fake_model, "", gate, f"bad-{field}")
         assert field in inline_cli("check", bad, check=2).stderr
+
+
+def test_shards_on_two_hardware_classes_merge_into_one_verdict_per_class(inline_cli, tmp_path, fake_model, monkeypatch):
+    suite = suite_with(tmp_path, fake_model, 'fake_hardware_drift = ["p000", "p004"]\nfake_hardware_near_tie = ["p001"]')
+    inline_cli("baseline", "create", suite, check=0)
+    inline_cli("check", suite, "--shard", "1/2", "--group", "g", check=0)  # this class: its own baseline
+    with monkeypatch.context() as patched:
+        patched.setenv(*OTHER_CLASS)  # the other job's machine: judged against this class's baseline
+        inline_cli("check", suite, "--shard", "2/2", "--group", "g", "--json-report", tmp_path / "s2.json", check=0)
+    shard = read_json(tmp_path / "s2.json")
+    assert shard["hardware"]["compared"] == shard["counts"]["stable"] + shard["counts"]["explained_change"] < 6
+    proc = inline_cli("check", suite, "--merge", "--group", "g", "--json-report", tmp_path / "m.json", check=0)
+    merged = read_json(tmp_path / "m.json")
+    assert merged["counts"]["missing"] == 0 and sum(merged["counts"].values()) == 6
+    own, other = sorted(merged["classes"], key=lambda c: c["hardware"] is not None)
+    assert own["hardware"] is None and own["baseline_run_id"] == 1 and own["status"] == "pass"
+    assert other["hardware"]["counts"] == shard["hardware"]["counts"] and other["baseline_run_id"] == 1
+    assert sum(own["counts"].values()) + sum(other["counts"].values()) == 6
+    assert "across hardware against baseline run 1" in proc.stdout and "against its own class's baseline run 1" in proc.stdout
+    # the other class's explained differences are exactly the planted ones in its shard
+    planted = {"p000": "drift", "p001": "near_tie", "p004": "drift"}
+    across = {r["key"]: r["across"] for r in merged["requests"]}
+    assert across and all(planted[key] == cls for key, cls in across.items())

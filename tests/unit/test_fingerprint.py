@@ -20,6 +20,8 @@ from evalgate.fingerprint import (
     describe_changes,
     env_snapshot,
     fingerprint_hash,
+    hardware_component,
+    hardware_label,
     hash_files,
     model_component,
     tokenizer_component,
@@ -115,6 +117,38 @@ def test_env_snapshot_allow_list_and_ignore_list():
         "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_MAX_AUTOTUNE": "1", "VLLM_ATTENTION_BACKEND": "FLASH_ATTN",
     }
     assert list(env_snapshot(environ)) == sorted(env_snapshot(environ))
+
+
+AVX512 = ("Some AVX-512 CPU", {"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"})
+AVX2 = ("Some AVX2 CPU", {"avx", "avx2", "fma"})
+
+
+def stack(environ: dict, cpu=AVX512) -> dict:
+    """The components a setting of the environment can move: hardware (kernel dispatch) and env."""
+    return {"hardware": hardware_component(environ, cpu), "env": component(env_snapshot(environ))}
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="torch's CPU capabilities are x86's")
+def test_a_capped_kernel_dispatch_is_another_hardware_class_never_nothing_changed():
+    """ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU changes the bits of every output (docs/conditions.md) and was
+    in no component: a check under it reported silent regressions, "nothing changed"."""
+    native = stack({"OMP_NUM_THREADS": "1"})
+    capped = stack({"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "avx2"})
+    assert delta(native, capped, ("hardware", "env")) == ["hardware"]
+    assert capped["hardware"]["data"]["dispatch"] == {"torch_cpu_capability": "avx2"}
+    assert "kernels: torch avx2" in hardware_label(capped["hardware"])
+    # asking for what the CPU does anyway (or more than it has) changes no kernel: the same class
+    for same in ({"ATEN_CPU_CAPABILITY": "avx512"}, {"ATEN_CPU_CAPABILITY": "bogus"}):
+        assert delta(native, stack({"OMP_NUM_THREADS": "1", **same}), ("hardware", "env")) == []
+    assert delta(stack({}, AVX2), stack({"ATEN_CPU_CAPABILITY": "avx512"}, AVX2), ("hardware",)) == []
+    assert delta(stack({}, AVX2), stack({"ATEN_CPU_CAPABILITY": "default"}, AVX2), ("hardware",)) == ["hardware"]
+    # oneDNN's cap is hardware too, counted once: it left the env component
+    onednn = stack({"OMP_NUM_THREADS": "1", "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert delta(native, onednn, ("hardware", "env")) == ["hardware"]
+    assert "ONEDNN_MAX_CPU_ISA" not in onednn["env"]["data"]
+    assert onednn["hardware"]["data"]["dispatch"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+    # an uncapped machine's class is what it was before dispatch was recorded (committed baselines stay valid)
+    assert "dispatch" not in native["hardware"]["data"]
 
 
 @pytest.mark.parametrize("name", ["VLLM_API_KEY", "VLLM_AUTH_HEADER", "NVIDIA_API_TOKEN", "CUDA_SECRET",
