@@ -31,8 +31,10 @@ lint: setup
 # size, the CLI's start, and `evalgate check` against raw vLLM doing the same passes (the suite and one 10x
 # larger), on the landed commit before arrays and on this tree. Then the rotating preset's findings and
 # engine time against the full schedule's (two schedules of this tree, side by side). Then fuzz: the planted
-# fault over 20 seeds, trials per engine-minute on vLLM, and the search where this machine varies.
+# fault over 20 seeds, trials per engine-minute on vLLM, and the search where this machine varies. Then what a
+# baseline that travels costs: its rescoring, and a cross-hardware check against a same-class one.
 bench: setup
 	$(VENV)/bin/python benchmarks/before_after.py
 	$(VENV)/bin/python benchmarks/rotation_speed.py --rotation 8 16
 	$(VENV)/bin/python benchmarks/fuzz_speed.py
+	$(VENV)/bin/python benchmarks/hardware_cost.py
