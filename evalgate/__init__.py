@@ -6,6 +6,7 @@ The library's front door; the `evalgate` command wraps the same functions:
 
     suite = evalgate.load_suite("evalgate.toml")
     report = evalgate.create_baseline(suite)         # or evalgate.check(suite): a Report
+    # on another hardware class: evalgate.check(suite, against=3, adopt=True); report.hardware has the classes
     print(report.status, report.counts)              # "pass", {"stable": 12, "batch_variance": 0, ...}
     store = evalgate.open_store(suite.database)
     diff = evalgate.compare_runs(store, 3, 7)         # judge run 7 against run 3
@@ -27,6 +28,7 @@ _FRONT_DOOR = {
     "check": "evalgate.gate",
     "merge": "evalgate.gate",
     "accept": "evalgate.gate",
+    "adopt_run": "evalgate.gate",
     "compare_runs": "evalgate.gate",
     "open_store": "evalgate.store",
     "Store": "evalgate.store",

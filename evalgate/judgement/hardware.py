@@ -30,6 +30,9 @@ from ..records import Completion
 from ..store import RunRecord
 
 CLASSES = ("identical", "drift", "near_tie", "confident")
+# Keys of the `engine` component that follow the machine rather than the setup: another class of machine
+# runs another platform (cpu, cuda) with its own core count. Across hardware they count as the hardware.
+MACHINE_KEYS = frozenset({"platform", "torch_threads"})
 BASELINE_DIFFERENCES = ("explained_change", "silent_regression")  # the verdicts of a difference from the baseline
 
 
@@ -132,6 +135,7 @@ def judge_across(report, current: RunRecord, baseline: RunRecord, here: RunRecor
     tolerance = policy.tolerance(engine.get("dtype"))
     counts = dict.fromkeys(CLASSES, 0)
     flips, notes = [], []
+    machine = {"hardware"} | ({"engine"} if machine_bound(baseline, current) else set())
     compared = 0
     keys = [v.key for v in report.verdicts if v.verdict in BASELINE_DIFFERENCES]
     for record in (here, there):
@@ -152,7 +156,7 @@ def judge_across(report, current: RunRecord, baseline: RunRecord, here: RunRecor
         deltas = position_deltas(mine, theirs)
         v.across, gap = classify(v.divergence, v.max_delta, mine, deltas, tolerance)
         counts[v.across] += 1
-        if set(v.components) == {"hardware"} and (policy.other_hardware == "exact" or v.across == "confident"):
+        if set(v.components) <= machine and (policy.other_hardware == "exact" or v.across == "confident"):
             v.verdict, v.components = "silent_regression", []  # the hardware does not explain it
         if v.across != "drift":
             d = v.divergence
@@ -172,6 +176,12 @@ def judge_across(report, current: RunRecord, baseline: RunRecord, here: RunRecor
         here_class=current.run.hardware_class, here_label=hardware_label(current.fingerprint.get("hardware") or {}),
         mode=policy.other_hardware, tolerance=tolerance, counts=counts, compared=compared,
         envelope=envelope(here, there), flips=flips, notes=notes)
+
+
+def machine_bound(baseline: RunRecord, current: RunRecord) -> bool:
+    """Whether the engine components differ only where the machine decides (MACHINE_KEYS)."""
+    theirs, mine = ((record.fingerprint.get("engine") or {}).get("data") or {} for record in (baseline, current))
+    return {key for key in set(theirs) | set(mine) if theirs.get(key) != mine.get(key)} <= MACHINE_KEYS
 
 
 def _pair(v, baseline: RunRecord, current: RunRecord) -> tuple[Completion | None, Completion | None]:
