@@ -199,8 +199,8 @@ class RunStore(StoreBase):
             ).order_by(Run.id.desc()).limit(max(window - 1, 0))))
             runs = [run.id, *earlier]
             keys = set(s.scalars(select(Request.key).where(Request.run_id == run.id)))
-            alone = set(s.scalars(select(Output.request_key).distinct().where(
-                Output.run_id.in_(runs), Output.concurrency == alone)))
+            alone = set(s.scalars(select(Output.request_key).distinct().where(  # passes, not rescorings (< 0)
+                Output.run_id.in_(runs), Output.concurrency == alone, Output.pass_index >= 0)))
         return {"covered": len(keys & alone), "requests": len(keys), "runs": len(runs), "window": window}
 
     def get_run(self, run_id: int) -> Run:

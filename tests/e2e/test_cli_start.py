@@ -66,10 +66,11 @@ def test_a_store_behind_the_schema_is_still_migrated_on_open(cli_env, hundred_ru
     """The one-query version check is a shortcut, not a skip: a database one revision behind is upgraded."""
     import sqlite3
 
-    with sqlite3.connect(hundred_runs) as conn:  # as a database at the revision before would read
+    with sqlite3.connect(hundred_runs) as conn:  # as a database two revisions before would read
         conn.execute("update alembic_version set version_num = '0009'")
         conn.execute("drop index ix_outputs_digests")
         conn.execute("create index ix_outputs_run_key on outputs (run_id, request_key)")
+        conn.execute("alter table baselines drop column receipt")
     got = started(cli_env, "runs", "list", "--db", str(hundred_runs))
     assert got["code"] == 0 and "alembic" in got["heavy"]
     with sqlite3.connect(hundred_runs) as conn:
@@ -77,5 +78,6 @@ def test_a_store_behind_the_schema_is_still_migrated_on_open(cli_env, hundred_ru
 
         assert conn.execute("select version_num from alembic_version").fetchall() == [(SCHEMA_HEAD,)]
         indexes = {name for (name,) in conn.execute("select name from sqlite_master where type = 'index'")}
-    assert "ix_outputs_digests" in indexes and "ix_outputs_run_key" not in indexes
+        receipt = [c for c in conn.execute("pragma table_info(baselines)") if c[1] == "receipt"]
+    assert "ix_outputs_digests" in indexes and "ix_outputs_run_key" not in indexes and receipt
     assert (hundred_runs.parent / "e.sqlite.backup-0009").is_file()

@@ -45,7 +45,8 @@ def test_every_probe_runs_on_vllm_or_says_why_not(cli, tmp_path, tiny_model):
     assert {r["factor"] for r in report["requests"]} <= {f["factor"] for f in report["factors"] if f["differing"]}
     assert proc.returncode == report["exit_code"] == (1 if varying else 0), proc.stderr[-3000:]
     # companions (needle fillers, prefix warmers) are never stored: the 7 requests in each of the 11 passes
-    assert db_query(db, "select pass_index, count(*) from outputs group by pass_index") == [(i, n) for i in range(11)]
+    # (and the baseline's rescoring of its own tokens, pass -1: execution/rescore.py)
+    assert db_query(db, "select pass_index, count(*) from outputs group by pass_index") == [(i, n) for i in range(-1, 11)]
     # the needle ran each request in its own wave beside 4 fillers
     assert db_query(db, "select count(distinct wave), max(position) <= 4 from outputs where pass_index = 6") == [(n, 1)]
     # the hot pass and the shared-prefix probe were served partly from the cache (vLLM's own count) for the

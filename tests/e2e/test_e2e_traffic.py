@@ -70,7 +70,7 @@ def test_the_cancel_and_eviction_probes_happen_on_vllm_and_prove_it(cli, tmp_pat
     assert (eviction["evicted"], eviction["still_cached"], eviction["shorter_than_a_block"]) == (2, 0, 1)
     # only the gated requests are stored: neither the cancelled neighbours nor the eviction's warmers and fillers
     assert db_query(database_url(suite), "select pass_index, count(*) from outputs group by pass_index") == [
-        (0, 3), (1, 3), (2, 3)]
+        (-1, 3), (0, 3), (1, 3), (2, 3)]
 
 
 def test_fuzz_finds_where_this_machine_varies_and_the_shrunk_trace_reproduces_in_plain_vllm(cli, tmp_path,
