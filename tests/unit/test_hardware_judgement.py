@@ -7,7 +7,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 
 from evalgate.configuration.policy import GatePolicy, Tolerance, dtype_name
 from evalgate.judgement.compare import first_divergence
