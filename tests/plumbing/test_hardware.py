@@ -5,6 +5,8 @@ tested against plain vLLM in tests/e2e/test_e2e_hardware.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from helpers import database_url, db_query, read_json, write_suite
 
@@ -12,17 +14,18 @@ PROMPTS = [f"Question {i}: what is the colour of the river number {i}?" for i in
 OTHER_CLASS = ("ONEDNN_MAX_CPU_ISA", "SSE41")  # a kernel dispatch cap: another hardware class anywhere
 
 
-def suite_with(tmp_path, fake_model, planted: str, gate: str = "", name: str = "ws"):
+def suite_with(tmp_path, fake_model, planted: str, gate: str = "", name: str = "ws", **kwargs):
     suite = write_suite(tmp_path / name, fake_model, PROMPTS, concurrency=(1, 3), shuffles=0, kind="fake",
-                        max_tokens=8, extra_engine=planted)
+                        max_tokens=8, extra_engine=planted, **kwargs)
     if gate:
         suite.write_text(suite.read_text(encoding="utf-8") + f"\n[gate]\n{gate}\n", encoding="utf-8")
     return suite
 
 
 def test_drift_and_a_near_tie_pass_across_hardware_then_adoption_judges_like_with_like(
-        inline_cli, tmp_path, fake_model, monkeypatch):
-    suite = suite_with(tmp_path, fake_model, 'fake_hardware_drift = ["p000"]\nfake_hardware_near_tie = ["p001"]')
+        inline_cli, tmp_path, fake_model, monkeypatch, store_url):
+    suite = suite_with(tmp_path, fake_model, 'fake_hardware_drift = ["p000"]\nfake_hardware_near_tie = ["p001"]',
+                       database=store_url)
     inline_cli("baseline", "create", suite, check=0)
     db = database_url(suite)
     # the baseline rescored its own tokens, stored with it (store/loaded.py OWN_RESCORING), every request once
@@ -60,6 +63,10 @@ def test_drift_and_a_near_tie_pass_across_hardware_then_adoption_judges_like_wit
     assert "adopted by proof against run 1" in proc.stdout
     listed = inline_cli("baseline", "list", "--suite", suite, check=0).stdout
     assert "adopted from run 1" in listed and "recorded on this class" in listed
+    receipts = [json.loads(r) if isinstance(r, str) else r for (r,) in db_query(
+        db, "select receipt from baselines order by run_id")]
+    assert receipts[0] is None and receipts[1]["adopted_from"] == 1 and receipts[1]["rescored"] is True
+    assert receipts[1]["counts"] == {"identical": 4, "drift": 1, "near_tie": 1, "confident": 0}
     # now this class has its own baseline: judged like with like, bit for bit, no cross-hardware section
     inline_cli("check", suite, "--json-report", tmp_path / "again.json", check=0)
     again = read_json(tmp_path / "again.json")
