@@ -71,6 +71,8 @@ class Pass:
     engine_args: str | None = None  # a probe's own engine: its settings over the suite's, as canonical JSON
     sample: str | None = None  # "slot/rotation": only the requests of that rotation slot (rotating preset)
     traffic: str | None = None  # the trace a loaded pass ran inside ([load] trace): its content digest
+    # a probe's second pass of one condition: its control (same neighbours, same steps, one thing less)
+    variant: str | None = None
 
     # A check compares a loaded pass with the baseline's only when both ran inside the same trace: outputs
     # under traffic depend on the traffic wherever the engine is not batch invariant.
@@ -78,12 +80,12 @@ class Pass:
     @property
     def condition(self) -> tuple:
         """What the pass ran under; equal conditions are comparable across runs (baseline vs check)."""
-        return (self.concurrency, self.order_seed, self.cache, self.probe, self.engine_args, self.traffic)
+        return (self.concurrency, self.order_seed, self.cache, self.probe, self.engine_args, self.traffic, self.variant)
 
     @property
     def condition_label(self) -> str:
         order = "given order" if self.order_seed is None else f"shuffled (seed {self.order_seed})"
-        probe = f", probe {self.probe}" if self.probe else ""
+        probe = f", probe {self.probe}" + (f" ({self.variant})" if self.variant else "") if self.probe else ""
         sample = f", rotation slot {self.sample}" if self.sample else ""
         traffic = f", inside trace {self.traffic[:12]}" if self.traffic else ""
         return f"concurrency {self.concurrency}, {order}, cache {self.cache}{probe}{sample}{traffic}"

@@ -3,12 +3,13 @@ fake engine in this process."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from importlib import metadata
 
 import pytest
-from helpers import read_json, write_suite
+from helpers import database_url, db_query, read_json, write_suite
 
 from evalgate import registry
 from evalgate.configuration.schedule import Pass
@@ -35,10 +36,30 @@ class Solo(Probe):
         return f"alone again after batch size {reference.concurrency} (solo)"
 
 
+class Paired(Probe):
+    """A third party's probe that changes two things: it declares a control that changes the first (sharing
+    a batch of 4, under `batch_size`) and compares its treatment (the same batches again, rerun) with that
+    control alone, under its own factor."""
+
+    name = "paired"
+    factor = "rerun"
+    words = "rerun among the same neighbours"
+    remedy = "nothing known"
+
+    def plan(self, context, add):
+        control = add(4, factor="batch_size", variant="control")
+        add(4, reference=control)
+        return None
+
+    def label(self, reference: Pass, other: Pass) -> str:
+        return "alone→batch of 4 (paired's control)" if other.variant == "control" else "rerun of the batch of 4 (paired)"
+
+
 @pytest.fixture
 def solo_plugin(monkeypatch):
-    point = metadata.EntryPoint(name="solo", value=f"{__name__}:Solo", group="evalgate.probes")
-    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [point] if group == "evalgate.probes" else [])
+    points = [metadata.EntryPoint(name=name, value=f"{__name__}:{cls}", group="evalgate.probes")
+              for name, cls in (("solo", "Solo"), ("paired", "Paired"))]
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: points if group == "evalgate.probes" else [])
     get_probe.cache_clear()
     factor_table.cache_clear()
     yield
@@ -58,6 +79,22 @@ def test_a_probe_from_the_entry_point_group_runs_and_is_judged_under_its_factor(
                     "alone again after batch size 4 (solo)": ("solo", 1, ["p002"])}
     assert report["not_run"] == []
     assert "alone again" in proc.stdout and "engine.max_num_seqs = 1" in proc.stdout  # its words and remedy
+
+
+def test_a_probe_declares_a_control_and_each_comparison_names_one_factor(solo_plugin, inline_cli, tmp_path,
+                                                                          fake_model):
+    suite = write_suite(tmp_path / "ws", fake_model, [f"prompt {i}" for i in range(4)], max_tokens=4, kind="fake",
+                        concurrency=(1,), shuffles=0, hot_pass=False, extra_schedule='probes = ["paired"]',
+                        extra_engine='fake_vary_with_batch = ["p001"]')
+    inline_cli("baseline", "create", suite, "--json-report", tmp_path / "r.json", check=1)
+    report = read_json(tmp_path / "r.json")
+    rows = {f["comparison"]: (f["reference_pass"], f["pass"], f["factor"], f["keys"]) for f in report["factors"]}
+    # the batch effect shows against the control's reference (alone), never in the treatment
+    assert rows == {"alone→batch of 4 (paired's control)": (0, 1, "batch_size", ["p001"]),
+                    "rerun of the batch of 4 (paired)": (1, 2, "rerun", [])}
+    [(schedule,)] = db_query(database_url(suite), "select schedule from runs")
+    passes = (json.loads(schedule) if isinstance(schedule, str) else schedule)["passes"]
+    assert [(p["index"], p["variant"], p["reference"]) for p in passes] == [(0, None, None), (1, "control", 0), (2, None, 1)]
 
 
 def test_an_unknown_probe_lists_the_registered_ones(solo_plugin, inline_cli, tmp_path, fake_model):

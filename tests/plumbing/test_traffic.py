@@ -128,18 +128,37 @@ def test_a_log_of_your_traffic_becomes_a_trace_of_lengths_without_text(inline_cl
     assert "nope.csv: log not found" in missing.stderr and not (tmp_path / "t3.jsonl").exists()
 
 
-def test_the_cancel_probe_attributes_a_cancel_path_fault_to_cancellation(inline_cli, tmp_path, fake_model):
-    suite = write_suite(tmp_path / "ws", fake_model, PROMPTS, max_tokens=6, kind="fake", concurrency=(1, 2), shuffles=0,
-                        extra_engine='fake_vary_with_cancel = ["p002"]', extra_schedule='probes = ["cancel"]')
+@pytest.mark.parametrize(("planted", "expected"), [
+    ('fake_vary_with_cancel = ["p002"]', {"p002": ["cancel"]}),  # a cancel-path fault: only the abort differs
+    ('fake_vary_with_batch = ["p002"]', {"p002": ["neighbours"]}),  # batch sharing alone: never the abort path
+    ('fake_vary_with_cancel = ["p002"]\nfake_vary_with_batch = ["p002", "p003"]',
+     {"p002": ["neighbours", "cancel"], "p003": ["neighbours"]}),  # both: both named
+])
+def test_the_cancel_probe_names_the_abort_path_only_against_its_control(inline_cli, tmp_path, fake_model, planted,
+                                                                        expected):
+    """The control runs the same neighbours finishing on the same steps; the treatment aborts them there. So
+    the abort path is named only by treatment vs control, batch sharing only by control vs alone."""
+    suite = write_suite(tmp_path / "ws", fake_model, PROMPTS, max_tokens=6, kind="fake", concurrency=(1,), shuffles=0,
+                        hot_pass=False, extra_engine=planted, extra_schedule='probes = ["cancel"]')
     report = tmp_path / "r.json"
-    inline_cli("baseline", "create", suite, "--json-report", report, check=1)
+    proc = inline_cli("baseline", "create", suite, "--json-report", report, check=1)
     doc = read_json(report)
-    assert [(r["key"], r["factor"]) for r in doc["requests"] if r["verdict"] == "batch_variance"] == [("p002", "cancel")]
-    cancel = next(f for f in doc["factors"] if f["factor"] == "cancel")
-    assert cancel["differing"] == 1 and "aborted mid-decode" in cancel["comparison"]
+    found = {r["key"]: r["passes"]["factors"] for r in doc["requests"] if r["verdict"] == "batch_variance"}
+    assert found == expected
+    factors = {f["factor"]: f for f in doc["factors"]}
+    assert factors["cancel"]["reference_pass"] == factors["neighbours"]["pass"]  # treatment against its control
+    assert factors["neighbours"]["reference_pass"] == 0
+    assert "aborted on the same steps" in factors["cancel"]["comparison"]
+    assert "finish mid-decode (cancel probe's control)" in factors["neighbours"]["comparison"]
+    out = " ".join(proc.stdout.split())
+    assert ("abort path" in out) == any("cancel" in f for f in expected.values())  # the engine-bug remedy
     [(schedule,)] = db_query(database_url(suite), "select schedule from runs")
-    [probe_pass] = [p for p in json.loads(schedule)["timings"]["passes"] if p["probe"] == "cancel"]
-    assert probe_pass["load"]["cancelled"] == 4 * len(PROMPTS) and probe_pass["load"]["completed"] == 0
+    control, treatment = [p for p in json.loads(schedule)["timings"]["passes"] if p["probe"] == "cancel"]
+    assert (treatment["load"]["cancelled"], treatment["load"]["completed"]) == (4 * len(PROMPTS), 0)
+    assert (control["load"]["cancelled"], control["load"]["completed"]) == (0, 4 * len(PROMPTS))
+    # each neighbour was running on the same steps in both: the arrivals saw the same batch
+    assert [w["gated_arrivals"] for w in control["load"]["waves"]] == [w["gated_arrivals"] for w in
+                                                                       treatment["load"]["waves"]]
 
 
 def test_fuzz_finds_a_planted_cancel_fault_shrinks_it_to_the_cancelled_neighbour_and_packs_a_repro(inline_cli, tmp_path,

@@ -52,10 +52,10 @@ def plan_probes(names: tuple[str, ...], context: PlanContext) -> tuple[list[Pass
             continue
         mine: list[Pass] = []
 
-        def add(concurrency: int, reference: int = 0, **condition) -> int:
+        def add(concurrency: int, reference: int = 0, factor: str | None = None, **condition) -> int:
             index = len(context.passes) + len(added) + len(mine)
-            mine.append(Pass(index, concurrency, 0, None, reference=reference, factor=probe.factor, probe=probe.name,
-                             salt_of=index, **condition))
+            mine.append(Pass(index, concurrency, 0, None, reference=reference, factor=factor or probe.factor,
+                             probe=probe.name, salt_of=index, **condition))
             return index
 
         reason = probe.plan(context, add)

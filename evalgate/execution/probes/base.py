@@ -10,7 +10,11 @@ lives on its class:
   a factor of its own also gives its `words` (how people read it), its `remedy` (what removes it) and
   whether it is a `batch_factor` (who shared the batch: the batch bisector can take it apart);
 - `plan(context, add)`: adds its passes (`add(concurrency, reference=..., **condition)`), or returns the
-  reason it cannot run on this suite and engine;
+  reason it cannot run on this suite and engine. A pass must differ from its reference in one thing only:
+  where the scenario changes two (the cancel probe: sharing the batch, and the neighbours being aborted),
+  the probe adds a **control** first (`add(..., variant="control", factor=<the other thing's factor>)`,
+  against pass 0) and its treatment against the control (`reference=control`), so each comparison names
+  one factor; `waves` reads `pass_.variant`;
 - `engine_args(context)`: settings over the suite's for a probe that needs an engine of its own (those
   run last, each in its own engine, one engine in memory at a time); None: the run's engine;
 - `waves(pass_, keys, context)`: what is submitted together, with companion requests (fillers, warmers)

@@ -1,13 +1,18 @@
-"""`cancel` (factor cancel): each request among `CANCELLED` neighbours whose clients leave while it decodes,
-against the request alone (pass 0). The cancel path frees a running request's blocks and reshapes the
-batch mid-step; GRIEF found silent output corruption there (vllm#39146).
+"""`cancel` (factor cancel): each request among `CANCELLED` neighbours whose clients leave while it decodes.
+The cancel path frees a running request's blocks and reshapes the batch mid-step; GRIEF found silent
+output corruption there (vllm#39146).
 
-Each request runs inside a replay (evalgate/execution/replay.py): the neighbours arrive with it at step 0
-and are aborted by request id at steps spread over its decode, one after another. That needs exact
-placement: the in-process `vllm` kind (and the fake test engine). The replay's counts (sent, cancelled)
-are recorded with the pass; a pass in which no neighbour was cancelled is reported as not run. A
-difference may also come from sharing the batch at all: the `needle` and `batch_edges` probes, or the
-schedule's batch sizes, tell that apart.
+Two passes, so that each comparison changes one thing (docs/conditions.md, "Probes"):
+- the **control** (factor `neighbours`, against pass 0, the request alone): the neighbours arrive with the
+  request at step 0 and *finish* at steps spread over its decode, one after another (their `max_tokens`
+  ends each on its step);
+- the **treatment** (factor `cancel`, against the control): the same neighbours at the same steps, each
+  *aborted* by request id on the step where it finished in the control. The batch has the same shape at
+  every step in both, so the abort path is the only difference; on a CPU where any batch above 1 changes
+  bits, that difference shows in the control, never in the treatment.
+
+Both run inside a step-placed replay (evalgate/execution/replay.py): the in-process `vllm` kind (and the
+fake test engine). The replay's counts (sent, completed, cancelled) are recorded with each pass.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from ...configuration.trace import Event, Trace
 from .base import AddPass, PlanContext, Probe, Wave, WaveContext
 
 CANCELLED = 4  # neighbours per request
+CONTROL = "control"
 NEIGHBOUR_TOKENS = 64  # prompt tokens per neighbour
 
 
@@ -33,7 +39,8 @@ class Cancel(Probe):
             return "needs exact placement: the in-process `vllm` kind aborts neighbours between engine steps"
         if not context.generating:
             return "no generation requests (lm-eval scoring requests have no decode to cancel into)"
-        add(CANCELLED + 1)
+        control = add(CANCELLED + 1, factor="neighbours", variant=CONTROL)
+        add(CANCELLED + 1, reference=control)
         return None
 
     def waves(self, pass_, keys: list[str], context: WaveContext) -> Iterator[Wave]:
@@ -43,23 +50,30 @@ class Cancel(Probe):
                 yield Wave.of([prompt])  # a prefill already: nothing decodes while a neighbour leaves
                 continue
             n = int(context.engine.suite.sampling_for(prompt)["max_tokens"])
-            yield Wave([prompt], [True], trace=cancel_trace(n, context.engine.max_model_len))
+            trace = cancel_trace(n, context.engine.max_model_len, aborted=pass_.variant != CONTROL)
+            yield Wave([prompt], [True], trace=trace)
 
     def label(self, reference, other) -> str:
-        return f"cancel: alone→among {CANCELLED} neighbours aborted mid-decode (cancel)"
+        if other.variant == CONTROL:
+            return f"neighbours: alone→among {CANCELLED} neighbours that finish mid-decode (cancel probe's control)"
+        return f"cancel: {CANCELLED} neighbours finishing mid-decode→aborted on the same steps (cancel)"
 
     def proof(self, engine, before: Any, outputs) -> tuple[dict[str, Any], str | None]:
         return {}, None  # the replay's own counts are recorded as the pass's `load` (sent, cancelled)
 
 
-def cancel_trace(max_tokens: int, max_model_len: int) -> Trace:
-    """`CANCELLED` neighbours arriving with the request and leaving one after another while it decodes."""
+def cancel_trace(max_tokens: int, max_model_len: int, *, aborted: bool = True) -> Trace:
+    """`CANCELLED` neighbours arriving with the request and leaving one after another while it decodes:
+    aborted after `leave` steps, or (the control) finished by `max_tokens = leave` on the same step, so the
+    batch has the same shape at every step either way (a request makes one token a step)."""
     tokens = max(1, min(NEIGHBOUR_TOKENS, max_model_len - max_tokens - 10))
     events = [Event(0, "gated", 0.0, gated=True)]
     for i in range(CANCELLED):
         leave = 1 + (i * max(1, max_tokens - 1)) // CANCELLED  # from the request's first decode step on
-        events.append(Event(i + 1, f"cancelled-{i}", 0.0, tokens=tokens, max_tokens=max_tokens + 8, cancel_steps=leave))
-    return Trace(tuple(events), "step", "cancel probe")
+        events.append(Event(i + 1, f"cancelled-{i}", 0.0, tokens=tokens, max_tokens=max_tokens + 8, cancel_steps=leave)
+                      if aborted else Event(i + 1, f"cancelled-{i}", 0.0, tokens=tokens, max_tokens=leave))
+    # (the same event ids: a neighbour's prompt is seeded by its id, so both passes share the same neighbours)
+    return Trace(tuple(events), "step", "cancel probe" if aborted else "cancel probe's control")
 
 
 PROBE = Cancel  # the registry finds a built-in probe by its module name (evalgate/execution/probes/__init__.py)
