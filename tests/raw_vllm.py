@@ -13,6 +13,11 @@ A condition with `"rescore": {key: [token ids]}` (or the name of an earlier cond
 generation: each request's prompt ids followed by those tokens, alone, one prefill (`prompt_logprobs`), as a
 rescoring does (teacher forcing).
 
+A condition with `"neighbours": {"prompt_token_ids": [[...], ...], "leave": [steps, ...], "abort": bool,
+"max_tokens": n}` runs each request alone among those neighbours, stepped by hand (`LLMEngine.add_request`,
+`step`, `abort_request`): they arrive with it (added first), and neighbour i leaves after `leave[i]` steps:
+aborted there (`abort`), or finished there by its own `max_tokens = leave[i]`.
+
 result.json: {"conditions": {name: {key: {"ids", "logprob_bits", "cached_tokens"}}}}, with each sampled
 token's logprob as the hex of its float64 bits; a rescoring's entries have "ids" (the tokens rescored),
 "logprobs" (each one's) and "top" ([top-1 id, top-1 logprob] at each position). Deliberately free of evalgate imports, so that what the
@@ -46,6 +51,9 @@ def main(plan_path: str, result_path: str) -> None:
             results[condition["name"]] = rescore(llm, prompts, condition["name"], tokens,
                                                  plan["sampling"].get("logprobs", 5))
             continue
+        if "neighbours" in condition:
+            results[condition["name"]] = among_neighbours(llm, prompts, condition, params)
+            continue
         keys = list(prompts)
         if condition.get("order_seed") is not None:
             random.Random(condition["order_seed"]).shuffle(keys)
@@ -63,6 +71,39 @@ def main(plan_path: str, result_path: str) -> None:
         results[condition["name"]] = outputs
     with open(result_path, "w", encoding="utf-8") as f:
         json.dump({"conditions": results}, f)
+
+
+def among_neighbours(llm, prompts: dict, condition: dict, params) -> dict:
+    """Each request alone among neighbours that leave on given steps (aborted, or finished by max_tokens)."""
+    from vllm import SamplingParams
+
+    engine, spec, outputs = llm.llm_engine, condition["neighbours"], {}
+    for key, prompt in prompts.items():
+        salt = f"{condition['name']}/{key}"
+        for i, (ids, leave) in enumerate(zip(spec["prompt_token_ids"], spec["leave"])):
+            limit = spec["max_tokens"] if spec["abort"] else leave
+            engine.add_request(f"n{i}", {"prompt_token_ids": ids, "cache_salt": f"{salt}/trace"},
+                               SamplingParams(max_tokens=limit, temperature=0.0, ignore_eos=True))
+        engine.add_request(key, {**prompt, "cache_salt": salt}, params)
+        running, step, done = set(range(len(spec["leave"]))), 0, None
+        while done is None:
+            if spec["abort"]:
+                for i in [i for i in running if step >= spec["leave"][i]]:
+                    engine.abort_request([f"n{i}"])
+                    running.discard(i)
+            for out in engine.step():
+                if out.finished and out.request_id == key:
+                    done = out
+                elif out.finished:
+                    running.discard(int(out.request_id[1:]))
+            step += 1
+        for i in running:
+            engine.abort_request([f"n{i}"])
+        sample = done.outputs[0]
+        logprobs = [row[token].logprob for token, row in zip(sample.token_ids, sample.logprobs)]
+        outputs[key] = {"ids": list(sample.token_ids), "logprob_bits": [struct.pack("<d", lp).hex() for lp in logprobs],
+                        "cached_tokens": done.num_cached_tokens}
+    return outputs
 
 
 def rescore(llm, prompts: dict, name: str, tokens: dict, k: int) -> dict:

@@ -66,6 +66,9 @@ class FuzzResult:
     best: dict | None = None  # the best candidate: the smallest trace found that changes the output
     repro_dir: str | None = None
     reason: str = ""
+    # a shrunk trace that cancels: whether the abort path is needed ("cancel") or the same neighbours finishing
+    # on the same steps change it too ("neighbours": batch sharing); None: no cancel left to tell
+    cause: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -93,6 +96,12 @@ class FuzzResult:
                  "  reproduced in a fresh engine" if self.reproduced else
                  f"  did NOT reproduce in a fresh engine: {self.reason or 'the output equalled its alone reference'}",
                  f"  {rate}"]
+        if self.cause == "cancel":
+            lines.insert(2, "  the cancel is needed: the same neighbours finishing on the same steps leave it unchanged "
+                            "(vLLM's abort path: report it with the repro pack)")
+        elif self.cause == "neighbours":
+            lines.insert(2, "  the cancel is not needed: the same neighbours finishing on the same steps change it too "
+                            "(sharing the batch, not the abort path)")
         if self.repro_dir:
             lines.append(f"repro pack: {self.repro_dir} (run: python {Path(self.repro_dir) / 'repro.py'})")
         return lines
@@ -173,7 +182,7 @@ def fuzz(suite_path: Path | str, *, budget: float, max_trials: int = 1000, keys:
                                url=store.url, progress=forward, engine_log=engine_log)
         for name in ("status", "key", "search_trials", "seed_events", "mutations", "trace", "shrunk", "shrunk_events",
                      "proven_minimal", "divergence", "reference_ids", "observed_ids", "best", "reason", "engine_seconds",
-                     "engine_start_seconds"):
+                     "engine_start_seconds", "cause"):
             setattr(result, name, found[name])
         result.trials = found["trials"]
         if result.status == "found" and result.shrunk:
@@ -263,7 +272,8 @@ def _search_job(*, seed_trace, events, budget, max_trials, shrink_trials, progre
         else synthetic_trace(events, rng, shape)
     out: dict[str, Any] = {"status": "not_found", "key": None, "seed_events": len(seed.traffic), "mutations": [],
                            "trace": None, "shrunk": None, "shrunk_events": None, "proven_minimal": False,
-                           "divergence": None, "reference_ids": None, "observed_ids": None, "best": None, "reason": ""}
+                           "divergence": None, "reference_ids": None, "observed_ids": None, "best": None, "reason": "",
+                           "cause": None}
     found: tuple[Trace, list[str], dict[str, Completion]] | None = None
     n = 0
     while n < max_trials and time.monotonic() - t0 < budget:
@@ -284,6 +294,7 @@ def _search_job(*, seed_trace, events, budget, max_trials, shrink_trials, progre
         target = trials.reference[key]
         out.update(shrunk=shrunk.to_jsonl() if shrunk else None, shrunk_events=len(shrunk.traffic) if shrunk else None,
                    proven_minimal=proven, reference_ids=target.output_ids.tolist())
+        out["cause"] = cancel_or_neighbours(trials, shrunk, key) if shrunk else None
         observed = trials.replay(shrunk, [_prompt(trials, key)])[key] if shrunk else got[key]
         div = first_divergence(target, observed)
         out.update(observed_ids=observed.output_ids.tolist(), divergence=div.to_dict() if div else None)
@@ -343,6 +354,28 @@ def shrink(trials: _Trials, trace: Trace, key: str, budget: int = SHRINK_TRIALS)
         return None, False
     events, proven = ddmin(whole.traffic, fails)
     return whole.with_events(events + marker), proven
+
+
+def cancel_or_neighbours(trials: _Trials, shrunk: Trace, key: str) -> str | None:
+    """A shrunk trace that still cancels is tried once more with every cancel replaced by the neighbour
+    finishing on the same step (its `max_tokens`): the batch has the same shape, only the abort path is gone.
+    "cancel" if that leaves the output unchanged, "neighbours" if it changes it too; None without a cancel."""
+    cancelling = [e for e in shrunk.traffic if e.cancels]
+    if not cancelling:
+        return None
+    finished = [replace(e, cancel_seconds=None, cancel_tokens=None, cancel_steps=None, max_tokens=leave_tokens(e, trials))
+                if e.cancels else e for e in shrunk.traffic]
+    changed, _ = trials.trial(f"control: {len(cancelling)} cancel(s) as neighbours finishing on the same steps",
+                              shrunk.with_events(finished + [e for e in shrunk.events if e.gated]), [_prompt(trials, key)])
+    return "neighbours" if changed else "cancel"
+
+
+def leave_tokens(e: Event, trials: _Trials) -> int:
+    """The tokens a cancelled neighbour had when it left: one a step (steps, seconds), or its token count."""
+    if e.cancel_tokens is not None:
+        return e.cancel_tokens
+    steps = e.cancel_steps if e.cancel_steps is not None else max(1, round(e.cancel_seconds / trials.step_seconds))
+    return min(steps, e.max_tokens)
 
 
 def _verify_job(*, shrunk, key, progress, on_run, **common) -> dict:

@@ -54,6 +54,45 @@ def test_a_step_placed_replay_is_the_same_schedule_and_the_same_outputs_in_two_e
     assert [w["steps"] for w in second["waves"]] == [w["steps"] for w in first["waves"]] == [10, 10]
 
 
+def test_the_cancel_probe_names_the_abort_path_only_where_plain_vllm_shows_it(cli, tmp_path, variance_source):
+    """On the survey's workload (batch sharing changes bits on this machine), the cancel probe's factors equal
+    plain vLLM's sets: `neighbours` = its control (neighbours finishing mid-decode) vs the request alone,
+    `cancel` = the same neighbours aborted on the same steps vs that control; the abort path is blamed (the
+    engine-bug remedy) only where the second set is not empty."""
+    from transformers import AutoTokenizer
+    from variance import run_plain_vllm
+
+    from evalgate.configuration.trace import materialize
+    from evalgate.execution.probes.cancel import cancel_trace
+
+    source = variance_source
+    suite = source.suite(tmp_path / "ws", concurrency=(1,), shuffles=0, hot_pass=False,
+                         extra_schedule='probes = ["cancel"]')
+    proc = cli("baseline", "create", suite, "--json-report", tmp_path / "r.json")
+    report = read_json(tmp_path / "r.json")
+    factors = {f["factor"]: f for f in report["factors"]}
+    # plain vLLM, stepped by hand (tests/raw_vllm.py): the same neighbours (their seeded prompt ids), leaving on
+    # the same steps, finished or aborted
+    tokenizer = AutoTokenizer.from_pretrained(str(source.model))
+    traffic = materialize(cancel_trace(source.max_tokens, 512), lambda text: list(tokenizer.encode(text)), 0)
+    spec = {"prompt_token_ids": [list(r.prompt_ids) for r in traffic], "leave": [r.cancel_steps for r in traffic],
+            "max_tokens": traffic[0].max_tokens}
+    plan = {"model": str(source.model), "dtype": source.dtype,
+            "engine": {"max_model_len": 512, "enforce_eager": True, "seed": 0},
+            "sampling": {"temperature": 0.0, "max_tokens": source.max_tokens, "logprobs": 5},
+            "prompts": [{"key": k, "prompt": p} for k, p in zip(source.candidate.keys(), source.prompts)],
+            "conditions": [{"name": "alone", "concurrency": 1, "salt": "alone"},
+                           {"name": "control", "neighbours": {**spec, "abort": False}},
+                           {"name": "treatment", "neighbours": {**spec, "abort": True}}]}
+    raw = run_plain_vllm(plan, tmp_path / "plain", {k: v for k, v in cli.env.items() if k != "COLUMNS"})
+    differ = {name: sorted(k for k in raw["alone"] if raw[ref][k] != raw[name][k])
+              for name, ref in (("control", "alone"), ("treatment", "control"))}
+    assert sorted(factors["neighbours"]["keys"]) == differ["control"], proc.stdout[-3000:]
+    assert sorted(factors["cancel"]["keys"]) == differ["treatment"], proc.stdout[-3000:]
+    assert ("abort path" in proc.stdout) == bool(differ["treatment"])
+    assert proc.returncode == (1 if differ["control"] or differ["treatment"] else 0)
+
+
 def test_the_cancel_and_eviction_probes_happen_on_vllm_and_prove_it(cli, tmp_path, tiny_model):
     # two prompts of more than one 128-token CPU cache block (they have cached blocks to evict), one shorter
     prompts = [variance_prompts(48)[i] for i in (7, 12)] + [PROMPTS[0]]
@@ -62,15 +101,15 @@ def test_the_cancel_and_eviction_probes_happen_on_vllm_and_prove_it(cli, tmp_pat
     cli("baseline", "create", suite, "--json-report", tmp_path / "r.json")  # exit 0 or 1: this CPU decides
     report = read_json(tmp_path / "r.json")
     assert report["not_run"] == []
-    assert sorted(f["factor"] for f in report["factors"]) == ["cancel", "eviction"]
+    assert sorted(f["factor"] for f in report["factors"]) == ["cancel", "eviction", "neighbours"]
     [(schedule,)] = db_query(database_url(suite), "select schedule from runs")
-    passes = {p["probe"]: p for p in json.loads(schedule)["timings"]["passes"] if p["probe"]}
+    passes = {p["probe"]: p for p in json.loads(schedule)["timings"]["passes"] if p["probe"]}  # the last of each
     assert passes["cancel"]["load"]["cancelled"] == 4 * 3 and passes["cancel"]["load"]["failed"] == 0
     eviction = passes["eviction"]
     assert (eviction["evicted"], eviction["still_cached"], eviction["shorter_than_a_block"]) == (2, 0, 1)
     # only the gated requests are stored: neither the cancelled neighbours nor the eviction's warmers and fillers
     assert db_query(database_url(suite), "select pass_index, count(*) from outputs group by pass_index") == [
-        (-1, 3), (0, 3), (1, 3), (2, 3)]
+        (-1, 3), (0, 3), (1, 3), (2, 3), (3, 3)]
 
 
 def test_fuzz_finds_where_this_machine_varies_and_the_shrunk_trace_reproduces_in_plain_vllm(cli, tmp_path,

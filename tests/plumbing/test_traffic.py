@@ -174,6 +174,8 @@ def test_fuzz_finds_a_planted_cancel_fault_shrinks_it_to_the_cancelled_neighbour
     shrunk = [json.loads(line) for line in doc["shrunk"].splitlines()]
     traffic = [e for e in shrunk if not e.get("gated")]
     assert any("cancel_after" in e for e in traffic)  # the planted fault needs a cancelled neighbour
+    # tried once more with the neighbours finishing on the same steps: unchanged, so the abort path is named
+    assert doc["cause"] == "cancel" and "the cancel is needed" in " ".join(proc.stdout.split())
     pack = tmp_path / "ws" / ".evalgate" / "fuzz" / str(doc["fuzz"])
     assert sorted(p.name for p in pack.iterdir()) == ["README.md", "engine.json", "outputs.json", "repro.py",
                                                       "request.json", "trace.jsonl"]
@@ -188,6 +190,24 @@ def test_fuzz_finds_a_planted_cancel_fault_shrinks_it_to_the_cancelled_neighbour
     assert "verify in a fresh engine" in trials[-1][0]
     shown = inline_cli("bisect", "show", str(doc["fuzz"]), "--suite", suite, check=0)
     assert "fuzz" in shown.stdout
+
+
+def test_fuzz_does_not_blame_a_cancel_that_batch_sharing_explains(inline_cli, tmp_path, fake_model):
+    """A batch-size effect found in a trace whose one neighbour is cancelled: the same neighbour finishing on
+    the same step changes the output too, so the report names sharing the batch, not the abort path."""
+    suite = write_suite(tmp_path / "ws", fake_model, PROMPTS, max_tokens=8, kind="fake", concurrency=(1, 2),
+                        extra_engine='fake_vary_with_batch = ["p001"]')
+    seed = tmp_path / "seed.jsonl"
+    seed.write_text(json.dumps({"step": 0, "tokens": 16, "max_tokens": 12, "cancel_after": {"steps": 3}}) + "\n"
+                    + json.dumps({"step": 0, "gated": True}) + "\n")
+    report = tmp_path / "f.json"
+    proc = inline_cli("fuzz", suite, "--key", "p001", "--trace", seed, "--max-trials", "5", "--json-report", report,
+                      check=0)
+    doc = read_json(report)
+    assert doc["status"] == "found" and doc["search_trials"] == 1 and doc["shrunk_events"] == 1
+    assert doc["cause"] == "neighbours"
+    out = " ".join(proc.stdout.split())
+    assert "the cancel is not needed" in out and "abort path: report it" not in out
 
 
 def test_fuzz_without_a_fault_reports_not_found_with_the_trial_count(inline_cli, tmp_path, fake_model):
