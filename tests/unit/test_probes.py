@@ -57,3 +57,42 @@ def test_a_pass_recorded_with_the_old_factor_name_reads_as_today():
                          {**Pass(1, 1, 0, None, reference=0, factor="chunked_prefill", probe="chunked_prefill",
                                  salt_of=1).to_dict(), "factor": "chunking"}]}
     assert passes_of(record)[1].factor == "chunked_prefill" and words("chunking") == "chunked prefill"
+
+
+CONDITION_FIELDS = ("concurrency", "order_seed", "cache", "engine_args", "traffic")
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_PROBES))
+def test_every_probe_pass_differs_from_its_reference_in_one_recorded_condition(name):
+    """One factor per comparison: a probe pass differs from its reference in at most one recorded condition
+    besides being the probe's (prefill_decode: none, its waves rescore), and a probe's treatment from its own
+    control in nothing recorded but the variant. What the waves change is the behaviour tests' to show
+    (tests/plumbing/test_traffic.py: the cancel probe's planted faults; docs/conditions.md's audit)."""
+    ctx = context(placement="step", capture_sizes=(1, 2, 4, 8))
+    added, not_run = plan_probes((name,), ctx)
+    assert not_run == [] and added
+    passes = {p.index: p for p in [*ctx.passes, *added]}
+    for p in added:
+        reference = passes[p.reference]
+        changed = [f for f in CONDITION_FIELDS if getattr(p, f) != getattr(reference, f)]
+        if reference.probe == p.probe and reference.variant != p.variant:
+            assert changed == [], (name, p)  # treatment vs control
+        else:
+            assert len(changed) <= 1, (name, p, changed)
+
+
+def test_the_cancel_probes_control_is_its_treatment_with_neighbours_finishing_instead_of_aborted():
+    from evalgate.configuration.trace import materialize
+    from evalgate.execution.probes.cancel import CANCELLED, cancel_trace
+
+    def encode(text: str) -> list[int]:
+        return [len(word) for word in text.split()]
+
+    treatment = materialize(cancel_trace(12, 512), encode, seed=0)
+    control = materialize(cancel_trace(12, 512, aborted=False), encode, seed=0)
+    assert len(treatment) == len(control) == CANCELLED
+    for aborted, finished in zip(treatment, control):
+        assert (aborted.prompt_ids, aborted.step) == (finished.prompt_ids, finished.step)  # the same neighbour
+        assert finished.cancels is False and aborted.cancel_steps == finished.max_tokens  # leaves on the same step
+        assert aborted.max_tokens > aborted.cancel_steps  # it would have run on: only the abort ends it
+    assert [r.cancel_steps for r in treatment] == sorted({r.cancel_steps for r in treatment})  # one after another
