@@ -68,9 +68,8 @@ def score(engine: Engine, tokens: Tokens, salt: str | None, pass_index: int,
         elif output_ids:
             prompt = rescoring_prompt(key, prompt_ids, output_ids)
             out[key], = engine.generate([prompt], cache_salt=f"{salt}-rescore") if salt else engine.generate([prompt])
-    scored = [replace(c, pass_index=pass_index, concurrency=1, wave=wave, position=0)
-              for wave, c in enumerate(out.values())]
-    return scored
+    # each request is its own wave; a reused completion is copied, since it is stored under another pass too
+    return [replace(c, pass_index=pass_index, concurrency=1, wave=wave, position=0) for wave, c in enumerate(out.values())]
 
 
 def rescoring_prompt(key: str, prompt_ids: list[int], output_ids: list[int]) -> Prompt:
