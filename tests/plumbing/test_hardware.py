@@ -50,6 +50,10 @@ def test_drift_and_a_near_tie_pass_across_hardware_then_adoption_judges_like_wit
     assert flip["baseline_token"]["id"] != flip["here_token"]["id"] and flip["position"] == 4
     assert "4 of 6 identical" in proc.stdout and "near tie at token 4" in proc.stdout
     assert 'name="across_near_tie" value="1"' in (tmp_path / "c.xml").read_text(encoding="utf-8")
+    inline_cli("report", "2", "--suite", suite, "--html", tmp_path / "c.html", check=0)
+    page = (tmp_path / "c.html").read_text(encoding="utf-8")
+    assert "<h2>Across hardware</h2>" in page and "4 of 6 identical" in page
+    assert "<td>near tie</td>" in page and "<td>drift</td>" in page  # the class column of Differing requests
     # the check rescored the baseline's tokens here (-2), and its own (-1): those that equal the baseline's
     # are the same rescoring (one payload), the flipped one is new
     rescored = db_query(db, "select pass_index, request_key, payload_hash from outputs where run_id = 2 and "
