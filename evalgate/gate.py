@@ -19,7 +19,7 @@ from .execution.runner import Progress, Timings
 from .execution.worker import execute_in_worker
 from .fingerprint import component, hardware_component, hardware_label
 from .fingerprint import delta as fingerprint_delta
-from .judgement.hardware import judge_across
+from .judgement.hardware import AcrossHardware, judge_across
 from .judgement.scores import compare_scores, task_changes
 from .judgement.verdict import Report, judge
 from .store import BASELINE_RESCORING, OWN_RESCORING, Run, RunRecord, Store, existing_store, open_store
@@ -303,8 +303,6 @@ def adopt_run(store: Store, run_id: int) -> Run:
     """Make a check judged against another hardware class's baseline, with no confident flip, the baseline
     of its own class, with a receipt: against which run and class, the counts per class, the envelope and
     the tolerances. A check with a confident flip (or any failure) is never adopted."""
-    from .judgement.hardware import AcrossHardware
-
     run = store.get_run(run_id)
     judged = ((run.schedule or {}).get("judged") or {}).get("hardware")
     if run.kind != "check" or run.status != "complete" or not judged:
