@@ -156,11 +156,11 @@ class RunPlan:
 
 
 def plan_run(suite: Suite, engine: Engine, schedule: Schedule, prompt_ids: dict[str, list[int]], fingerprint: dict, *,
-             cold_waves: bool = False) -> RunPlan:
+             cold_waves: bool = False, rescore: Rescore | None = None) -> RunPlan:
     """The plan of a run of these requests (`tokenize_prompts`) on this engine."""
     passes, not_run = plan_for(schedule, engine, suite, prompt_ids)
     salt = uuid.uuid4().hex[:16] if engine.salts_cache else None
-    return RunPlan(suite, schedule, prompt_ids, fingerprint, passes, not_run, salt, cold_waves)
+    return RunPlan(suite, schedule, prompt_ids, fingerprint, passes, not_run, salt, cold_waves, rescore)
 
 
 def record_run(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Schedule, timings: Timings,
@@ -179,7 +179,7 @@ def record_run(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: S
         store = open_store(url)
         if schedule.preset == ROTATING:
             schedule = replace(schedule, turn=rotation_turn(store, suite.name))
-        plan = replace(plan_run(suite, engine, schedule, prompt_ids, fingerprint, cold_waves=cold_waves), rescore=rescore)
+        plan = plan_run(suite, engine, schedule, prompt_ids, fingerprint, cold_waves=cold_waves, rescore=rescore)
         record = plan.schedule_record()
         run_id = store.create_run(suite, kind, record, plan.fingerprint, plan.prompt_ids, **(labels or {}))
     if on_run:
