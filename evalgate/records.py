@@ -28,7 +28,6 @@ import struct
 import sys
 from dataclasses import dataclass, field
 from functools import cached_property
-from json.encoder import encode_basestring_ascii
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -204,6 +203,18 @@ class Completion:
             self._digest = output_digest(ids.astype("<i4").tobytes(), self.logprobs.astype("<f8").tobytes())
         return self._digest
 
+    def token_text(self, i: int) -> str | None:
+        """The text of output token i; None past the last (a stored output decodes this one alone)."""
+        return self.token_texts[i] if 0 <= i < len(self.token_texts) else None
+
+    def id_at(self, i: int) -> int | None:
+        """Output token i's id; None past the last."""
+        return int(self.output_ids[i]) if i < self.output_ids.size else None
+
+    def logprob_at(self, i: int) -> float | None:
+        """Output token i's logprob; None past the last."""
+        return float(self.logprobs[i]) if i < self.logprobs.size else None
+
     def top(self, position: int) -> tuple[list[int], list[float]]:
         """The top-k row of a position: its ids and logprobs, best first (without padding)."""
         n = self.top_ids.shape[1] if self.top_lengths is None else int(self.top_lengths[position])
@@ -250,18 +261,23 @@ class Completion:
 
 # --- payloads ------------------------------------------------------------------------------------------
 
-PAYLOAD_VERSION = 1
-# id type, float type, whether top-k rows are ragged, whether `text` is the token texts joined (then not
-# stored), ids, logprobs, top-k rows, k
-_PAYLOAD_HEADER = struct.Struct("<cc??IIII")
-_PAYLOAD_VERSION_BYTE = bytes([PAYLOAD_VERSION])
+PAYLOAD_VERSION = 2  # what this evalgate writes; it reads every version (docs/storage.md)
+# version 2: id type, float type, flags, bytes per token text length, then the counts: output ids, logprobs,
+# top-k rows, k, token texts
+_PAYLOAD_HEADER = struct.Struct("<ccBBIIIII")
+_RAGGED, _JOINED = 1, 2  # flags: top-k rows of different lengths; `text` is the token texts joined (not stored)
+_PAYLOAD_PREFIX = bytes([PAYLOAD_VERSION])
+# version 1 (evalgate before 2026-12): the same arrays, texts as JSON; read, never written
+_V1_HEADER = struct.Struct("<cc??IIII")
+_LENGTH_TYPES = {1: "B", 2: "H", 4: "I"}  # bytes per token text length -> array typecode
 
 
 def encode_payload(c: Completion) -> tuple[str, bytes]:
-    """(payload hash, blob) of one completion. The blob: a version byte, a header, the ids then the top-k
-    ids (16-bit when every id fits), the logprobs then the top-k logprobs (float32 when every value is
-    exactly one), each top-k row's length if they differ, and the JSON of the token texts (with the text,
-    when it is not the token texts joined). The hash is SHA-256 of the blob. A pass: `encode_pass`."""
+    """(payload hash, blob) of one completion (docs/storage.md, version 2): a version byte, a header, the ids
+    then the top-k ids (16-bit when every id fits), the logprobs then the top-k logprobs (float32 when every
+    value is exactly one), each top-k row's length if they differ, each token text's UTF-8 length, the token
+    texts, and the text when it is not the token texts joined. The hash is SHA-256 of the blob. A pass:
+    `encode_pass`."""
     encoded = encode_pass([c])
     return encoded.payload_hashes[0], encoded.payloads[encoded.payload_hashes[0]]
 
@@ -290,8 +306,9 @@ def signature(c: Completion) -> tuple:
 def encode_pass(completions: list[Completion], previous: EncodedPass | None = None) -> EncodedPass:
     """Encode a pass at once. Its ids (per completion: output ids, then top-k ids) and floats (logprobs,
     then top-k logprobs) are concatenated and converted together: ids to uint16 where all of a completion's
-    fit 0..65535, else int32; floats to float32 where all of a completion's are exactly float32 (NaN never),
-    else float64. Each digest is computed on the same int32 and float64 buffers.
+    fit 0..65535, else int32; floats to float32 where all of a completion's are exactly float32 (an engine's
+    float32 arrays are, without a look), else float64. Each digest is computed on the int32 ids and float64
+    logprobs of the sampled tokens.
 
     With `previous` (the run's previous pass, once stored), an output equal to the same request's latest
     output there (the same `signature`; `seen` carries each request's latest, whichever pass it was in)
@@ -323,104 +340,255 @@ def _encode_fresh(completions: list[Completion], places: list[int], encoded: Enc
     """Digests, payload hashes and payloads of completions that repeat nothing, into `encoded` at `places`."""
     import numpy as np
 
-    id_parts, float_parts, id_starts, float_starts = [], [], [], []
-    id_at = float_at = 0
-    for c in completions:
-        id_parts += (c.output_ids, c.top_ids.reshape(-1))
-        float_parts += (c.logprobs, c.top_logprobs.reshape(-1))
-        id_starts.append(id_at)
-        float_starts.append(float_at)
-        id_at += c.output_ids.size + c.top_ids.size
-        float_at += c.logprobs.size + c.top_logprobs.size
-    ids = np.concatenate(id_parts).astype(np.int64, copy=False)
-    floats = np.concatenate(float_parts).astype(np.float64, copy=False)
-    low, high = _segment_reduce(np.minimum, ids, id_starts, 0), _segment_reduce(np.maximum, ids, id_starts, 0)
-    if ids.size and (low.min() < -(2**31) or high.max() >= 2**31):
-        bad = next(c.key for c, lo, hi in zip(completions, low, high) if lo < -(2**31) or hi >= 2**31)
-        raise ValueError(f"request {bad!r}: a token id does not fit in 32 bits")
-    small = ((low >= 0) & (high <= 0xFFFF)).tolist()
-    with np.errstate(over="ignore", invalid="ignore"):
-        singles = floats.astype("<f4")
-        exact = singles.astype(np.float64) == floats  # NaN is never equal: it keeps its float64 bits
-    single = _segment_reduce(np.logical_and, exact, float_starts, True).tolist()
-    int32, double = ids.astype("<i4").tobytes(), floats.astype("<f8").tobytes()
-    uint16 = ids.astype("<u2").tobytes() if any(small) else b""
-    float32 = singles.tobytes() if any(single) else b""
-    id_starts.append(ids.size)
-    float_starts.append(floats.size)
+    ids, id_starts = _concatenated([(c.output_ids, c.top_ids.reshape(-1)) for c in completions])
+    floats, float_starts = _concatenated([(c.logprobs, c.top_logprobs.reshape(-1)) for c in completions])
+    if ids.dtype.itemsize > 2 or ids.dtype.kind != "u":
+        low, high = _segment_reduce(np.minimum, ids, id_starts, 0), _segment_reduce(np.maximum, ids, id_starts, 0)
+        if ids.size and (low.min() < -(2**31) or high.max() >= 2**31):
+            bad = next(c.key for c, lo, hi in zip(completions, low, high) if lo < -(2**31) or hi >= 2**31)
+            raise ValueError(f"request {bad!r}: a token id does not fit in 32 bits")
+        small = ((low >= 0) & (high <= 0xFFFF)).tolist()
+    else:
+        small = [True] * len(completions)
+    if floats.dtype == np.float32:  # every value is a float32 already
+        single = [True] * len(completions)
+        float32 = memoryview(floats.astype("<f4", copy=False)).cast("B")
+        floats = floats.astype(np.float64)
+    else:
+        floats = floats.astype(np.float64, copy=False)
+        with np.errstate(over="ignore", invalid="ignore"):
+            singles = floats.astype("<f4")
+            exact = singles.astype(np.float64) == floats  # NaN is never equal: it keeps its float64 bits
+        single = _segment_reduce(np.logical_and, exact, float_starts, True).tolist()
+        float32 = memoryview(singles).cast("B")
+    # int32 ids and float64 floats: the digest's buffers (the sampled tokens' part of each), and the
+    # payload's where 16-bit ids or float32 values do not hold a completion's exactly
+    double = memoryview(floats.astype("<f8", copy=False)).cast("B")
+    int32 = memoryview(ids.astype("<i4", copy=False)).cast("B")
+    uint16 = memoryview(ids.astype("<u2", copy=False)).cast("B") if any(small) else memoryview(b"")
     for i, (c, place) in enumerate(zip(completions, places)):
         i_at, i_end, f_at, f_end = id_starts[i], id_starts[i + 1], float_starts[i], float_starts[i + 1]
         n, m = c.output_ids.size, c.logprobs.size
         if c._digest is None:
-            c._digest = hashlib.sha256(b"ids" + int32[4 * i_at : 4 * (i_at + n)] + b"lp"
-                                       + double[8 * f_at : 8 * (f_at + m)]).hexdigest()
-        ragged, joined = c.top_lengths is not None, c.text == "".join(c.token_texts)
+            c._digest = hashlib.sha256(b"".join((b"ids", int32[4 * i_at : 4 * (i_at + n)],
+                                                  b"lp", double[8 * f_at : 8 * (f_at + m)]))).hexdigest()
+        flags, texts_bytes, lengths_bytes, width, text_bytes = _texts(c)
+        if c.top_lengths is not None:
+            flags |= _RAGGED
         blob = b"".join((
-            _PAYLOAD_VERSION_BYTE,
-            _PAYLOAD_HEADER.pack(b"H" if small[i] else b"i", b"f" if single[i] else b"d", ragged, joined, n, m,
-                                 *c.top_ids.shape),
+            _PAYLOAD_PREFIX,
+            _PAYLOAD_HEADER.pack(b"H" if small[i] else b"i", b"f" if single[i] else b"d", flags, width, n, m,
+                                 *c.top_ids.shape, len(c.token_texts)),
             uint16[2 * i_at : 2 * i_end] if small[i] else int32[4 * i_at : 4 * i_end],
             float32[4 * f_at : 4 * f_end] if single[i] else double[8 * f_at : 8 * f_end],
-            c.top_lengths.astype("<u2").tobytes() if ragged else b"",
-            _texts_json(c.token_texts, None if joined else c.text),
+            c.top_lengths.astype("<u2").tobytes() if c.top_lengths is not None else b"",
+            lengths_bytes, texts_bytes, text_bytes,
         ))
         payload_hash = hashlib.sha256(blob).hexdigest()
         encoded.digests[place], encoded.payload_hashes[place] = c._digest, payload_hash
         encoded.payloads.setdefault(payload_hash, blob)
 
 
-def _texts_json(token_texts: list[str], text: str | None) -> bytes:
-    """`json.dumps(token_texts)`, or of `[text, token_texts]`, byte for byte, at half the cost: the payload's
-    JSON is a list of strings, so each is escaped by json's own C escaper and the list is written here."""
+def _concatenated(groups: list[tuple]) -> tuple[np.ndarray, list[int]]:
+    """Each group's arrays, all joined (numpy's common type), and where each group starts (then the end)."""
+    import numpy as np
+
+    starts, at = [0], 0
+    for group in groups:
+        for part in group:
+            at += part.size
+        starts.append(at)
+    return np.concatenate([part for group in groups for part in group]), starts
+
+
+def _texts(c: Completion) -> tuple[int, bytes, bytes, int, bytes]:
+    """An output's texts as version 2 stores them: (flags, the token texts' UTF-8, their byte lengths, bytes
+    per length, the text's UTF-8 unless it is the token texts joined). Lone surrogates (a server's JSON may
+    hold them) are kept as they are (`surrogatepass`)."""
+    texts = c.token_texts
+    joined = "".join(texts)
+    texts_bytes = joined.encode("utf-8", "surrogatepass")
+    lengths = list(map(len, texts)) if len(texts_bytes) == len(joined) else [
+        len(t.encode("utf-8", "surrogatepass")) for t in texts]
     try:
-        body = "[" + ", ".join(map(encode_basestring_ascii, token_texts)) + "]"
-        if text is not None:
-            body = "[" + encode_basestring_ascii(text) + ", " + body + "]"
-    except TypeError:  # not all strings: json's general path
-        return json.dumps(token_texts if text is None else [text, token_texts]).encode()
-    return body.encode()
+        lengths_bytes, width = bytes(lengths), 1
+    except ValueError:  # a token text of 256 bytes or more
+        width = 2 if max(lengths) <= 0xFFFF else 4
+        lengths_bytes = _to_bytes(array.array(_LENGTH_TYPES[width], lengths))
+    if c.text == joined:
+        return _JOINED, texts_bytes, lengths_bytes, width, b""
+    return 0, texts_bytes, lengths_bytes, width, c.text.encode("utf-8", "surrogatepass")
 
 
 def _segment_reduce(ufunc, values, starts: list[int], empty):
-    """`ufunc` reduced over each segment of `values` (segment i starts at starts[i]); `empty` for empty ones."""
+    """`ufunc` reduced over each segment of `values` (segment i from starts[i] to starts[i + 1]); `empty`
+    for empty ones."""
     import numpy as np
 
-    starts_array = np.asarray(starts, dtype=np.int64)
-    ends = np.append(starts_array[1:], values.size)
+    starts_array = np.asarray(starts[:-1], dtype=np.int64)
+    ends = np.asarray(starts[1:], dtype=np.int64)
     filled = ends > starts_array
-    result = np.full(len(starts), empty, dtype=values.dtype)
+    result = np.full(len(starts_array), empty, dtype=values.dtype)
     if filled.any():
         result[filled] = ufunc.reduceat(values, starts_array[filled])
     return result
 
 
-def payload_fields(blob: bytes) -> dict:
-    """The Completion fields of an `encode_payload` blob: output_ids, logprobs, top_ids, top_logprobs,
-    top_lengths (arrays that view the blob, read-only), token_texts and text."""
-    import numpy as np
+class PayloadView:
+    """A payload blob of any version, its header read: each array is made (a view of the blob, read-only, no
+    copy) when asked for, a single value is read in place (`id_at`, `logprob_at`, `margin`, `token_text`:
+    what a divergence shows), and the texts are decoded when first read."""
 
-    if blob[0] != PAYLOAD_VERSION:
-        raise ValueError(f"output payload version {blob[0]} is unknown to this evalgate (it knows {PAYLOAD_VERSION})")
-    id_code, lp_code, ragged, joined, n_ids, n_lps, rows, k = _PAYLOAD_HEADER.unpack_from(blob, 1)
-    id_type, lp_type = ("<u2" if id_code == b"H" else "<i4"), ("<f4" if lp_code == b"f" else "<f8")
-    at = 1 + _PAYLOAD_HEADER.size
-    ids = np.frombuffer(blob, dtype=id_type, count=n_ids + rows * k, offset=at)
-    at += ids.nbytes
-    lps = np.frombuffer(blob, dtype=lp_type, count=n_lps + rows * k, offset=at)
-    at += lps.nbytes
-    lengths = None
-    if ragged:
-        lengths = np.frombuffer(blob, dtype="<u2", count=rows, offset=at).astype(np.int64)
-        at += 2 * rows
-    texts = json.loads(blob[at:])
-    text, token_texts = ("".join(texts), texts) if joined else texts
-    return {"output_ids": ids[:n_ids], "logprobs": lps[:n_lps], "top_ids": ids[n_ids:].reshape(rows, k),
-            "top_logprobs": lps[n_lps:].reshape(rows, k), "top_lengths": lengths, "token_texts": token_texts,
-            "text": text}
+    def __init__(self, blob: bytes):
+        version = blob[0]
+        if version == 2:
+            id_code, lp_code, flags, width, n_ids, n_lps, rows, k, count = _PAYLOAD_HEADER.unpack_from(blob, 1)
+            at, ragged, joined = 1 + _PAYLOAD_HEADER.size, bool(flags & _RAGGED), bool(flags & _JOINED)
+            if width not in _LENGTH_TYPES:
+                raise ValueError(f"output payload: token text length width {width} is not 1, 2 or 4")
+        elif version == 1:
+            id_code, lp_code, ragged, joined, n_ids, n_lps, rows, k = _V1_HEADER.unpack_from(blob, 1)
+            at, count, width = 1 + _V1_HEADER.size, -1, 0
+        else:
+            raise ValueError(f"output payload version {version} is unknown to this evalgate (it knows 1 and 2)")
+        small, single = id_code == b"H", lp_code == b"f"
+        self.id_type, self.lp_type = ("<u2" if small else "<i4"), ("<f4" if single else "<f8")
+        id_size, lp_size = (2 if small else 4), (4 if single else 8)
+        self._id_format, self._lp_format = ("<H" if small else "<i"), ("<f" if single else "<d")
+        self._lp_pair_format = "<ff" if single else "<dd"
+        self.n_ids, self.n_lps, self.rows, self.k = n_ids, n_lps, rows, k
+        self.ids_at = at
+        self.lps_at = at + (n_ids + rows * k) * id_size
+        self._lengths_at = self.lps_at + (n_lps + rows * k) * lp_size if ragged else None
+        self._id_size, self._lp_size = id_size, lp_size
+        self._blob, self._count, self._width, self._joined = blob, count, width, joined
+        self._texts_at = self.lps_at + (n_lps + rows * k) * lp_size + (2 * rows if ragged else 0)
+
+    # --- arrays -----------------------------------------------------------------------------------------
+
+    @property
+    def output_ids(self) -> np.ndarray:
+        import numpy as np
+
+        return np.frombuffer(self._blob, dtype=self.id_type, count=self.n_ids, offset=self.ids_at)
+
+    @property
+    def logprobs(self) -> np.ndarray:
+        import numpy as np
+
+        return np.frombuffer(self._blob, dtype=self.lp_type, count=self.n_lps, offset=self.lps_at)
+
+    @property
+    def top_ids(self) -> np.ndarray:
+        import numpy as np
+
+        at = self.ids_at + self.n_ids * self._id_size
+        return np.frombuffer(self._blob, dtype=self.id_type, count=self.rows * self.k, offset=at).reshape(self.rows, self.k)
+
+    @property
+    def top_logprobs(self) -> np.ndarray:
+        import numpy as np
+
+        at = self.lps_at + self.n_lps * self._lp_size
+        return np.frombuffer(self._blob, dtype=self.lp_type, count=self.rows * self.k, offset=at).reshape(self.rows, self.k)
+
+    @property
+    def top_lengths(self) -> np.ndarray | None:
+        import numpy as np
+
+        if self._lengths_at is None:
+            return None
+        return np.frombuffer(self._blob, dtype="<u2", count=self.rows, offset=self._lengths_at).astype(np.int64)
+
+    def sampled(self) -> tuple[memoryview, memoryview]:
+        """The bytes of the output ids (`id_type`) and of the logprobs (`lp_type`), in place."""
+        blob = memoryview(self._blob)
+        return (blob[self.ids_at : self.ids_at + self.n_ids * self._id_size],
+                blob[self.lps_at : self.lps_at + self.n_lps * self._lp_size])
+
+    # --- single values, read in place --------------------------------------------------------------------
+
+    def id_at(self, i: int) -> int | None:
+        return struct.unpack_from(self._id_format, self._blob, self.ids_at + i * self._id_size)[0] if i < self.n_ids else None
+
+    def logprob_at(self, i: int) -> float | None:
+        return struct.unpack_from(self._lp_format, self._blob, self.lps_at + i * self._lp_size)[0] if i < self.n_lps else None
+
+    def margin(self, i: int) -> float | None:
+        """Top-1 minus top-2 logprob at position i (`Completion.margin`)."""
+        if i >= self.rows:
+            return None
+        width = self.k if self._lengths_at is None else struct.unpack_from("<H", self._blob, self._lengths_at + 2 * i)[0]
+        if width < 2:
+            return None
+        first, second = struct.unpack_from(self._lp_pair_format, self._blob,
+                                           self.lps_at + (self.n_lps + i * self.k) * self._lp_size)
+        return None if second == float("-inf") else first - second
+
+    # --- texts --------------------------------------------------------------------------------------------
+
+    @cached_property
+    def _lengths(self):
+        """Version 2: each token text's UTF-8 length (bytes index to ints: no decoding for 1-byte lengths)."""
+        import numpy as np
+
+        at, end = self._texts_at, self._texts_at + self._count * self._width
+        if self._width == 1:
+            return self._blob[at:end]
+        return np.frombuffer(self._blob, dtype=f"<u{self._width}", count=self._count, offset=at).tolist()
+
+    @cached_property
+    def _v1_texts(self) -> tuple[str, list[str]]:
+        texts = json.loads(self._blob[self._texts_at :])
+        return ("".join(texts), texts) if self._joined else texts
+
+    def _utf8(self, start: int, end: int | None = None) -> str:
+        return self._blob[start:end].decode("utf-8", "surrogatepass")
+
+    @cached_property
+    def token_texts(self) -> list[str]:
+        if self._count < 0:
+            return self._v1_texts[1]
+        at, texts = self._texts_at + self._count * self._width, []
+        for length in self._lengths:
+            texts.append(self._utf8(at, at + length))
+            at += length
+        return texts
+
+    def token_text(self, i: int) -> str | None:
+        """The text of output token i; None past the last."""
+        if self._count < 0 or "token_texts" in vars(self):
+            return self.token_texts[i] if 0 <= i < len(self.token_texts) else None
+        if not 0 <= i < self._count:
+            return None
+        at = self._texts_at + self._count * self._width + sum(self._lengths[:i])
+        return self._utf8(at, at + self._lengths[i])
+
+    @cached_property
+    def text(self) -> str:
+        if self._count < 0:
+            return self._v1_texts[0]
+        texts_at = self._texts_at + self._count * self._width
+        texts_end = texts_at + sum(self._lengths)
+        return self._utf8(texts_at, texts_end) if self._joined else self._utf8(texts_end)
+
+
+def payload_view(blob: bytes) -> PayloadView:
+    """A payload blob of any version, read on demand (`PayloadView`)."""
+    return PayloadView(blob)
+
+
+def payload_fields(blob: bytes) -> dict:
+    """The Completion fields of a payload blob (any version): output_ids, logprobs, top_ids, top_logprobs,
+    top_lengths (arrays that view the blob, read-only), token_texts and text."""
+    view = payload_view(blob)
+    return {"output_ids": view.output_ids, "logprobs": view.logprobs, "top_ids": view.top_ids,
+            "top_logprobs": view.top_logprobs, "top_lengths": view.top_lengths, "token_texts": view.token_texts,
+            "text": view.text}
 
 
 def decode_payload(blob: bytes) -> tuple[list[int], list[float], list[list[int]], list[list[float]], list[str], str]:
-    """(output ids, logprobs, top ids, top logprobs, token texts, text) of an `encode_payload` blob, as lists."""
+    """(output ids, logprobs, top ids, top logprobs, token texts, text) of a payload blob, as lists."""
     fields = payload_fields(blob)
     rows, k = fields["top_ids"].shape
     lengths = [k] * rows if fields["top_lengths"] is None else fields["top_lengths"].tolist()
@@ -428,6 +596,20 @@ def decode_payload(blob: bytes) -> tuple[list[int], list[float], list[list[int]]
     top_lps = [fields["top_logprobs"][i, :n].tolist() for i, n in enumerate(lengths)]
     return (fields["output_ids"].tolist(), fields["logprobs"].tolist(), top_ids, top_lps, fields["token_texts"],
             fields["text"])
+
+
+class _FromPayload:
+    """An attribute of a stored completion, read from its decoded payload the first time and then kept in
+    the instance (like functools.cached_property, without its per-read lock: a judgement reads thousands)."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = getattr(instance.view, self.name)
+        return value
 
 
 class StoredCompletion(Completion):
@@ -442,41 +624,38 @@ class StoredCompletion(Completion):
         self.cached_tokens = cached_tokens
         self.payload_hash, self._fetch_payload, self._request = payload_hash, fetch_payload, request
 
-    @cached_property
-    def _decoded(self) -> dict:
-        return payload_fields(self._fetch_payload(self.payload_hash))
+    @property
+    def view(self) -> PayloadView:
+        """The payload, read (once) and its header parsed; arrays and texts are made when first read."""
+        view = self.__dict__.get("_decoded")
+        if view is None:
+            view = self.__dict__["_decoded"] = payload_view(self._fetch_payload(self.payload_hash))
+        return view
 
     @cached_property
     def prompt_ids(self) -> list[int]:
         return unpack_ids(self._request.prompt_ids) if self._request is not None else []
 
-    @cached_property
-    def output_ids(self) -> np.ndarray:
-        return self._decoded["output_ids"]
+    output_ids = _FromPayload()
+    logprobs = _FromPayload()
+    top_ids = _FromPayload()
+    top_logprobs = _FromPayload()
+    top_lengths = _FromPayload()
+    token_texts = _FromPayload()
+    text = _FromPayload()
 
-    @cached_property
-    def logprobs(self) -> np.ndarray:
-        return self._decoded["logprobs"]
+    # single values read in place: a divergence reads a few of an output it never decodes
+    def token_text(self, i: int) -> str | None:
+        return self.view.token_text(i)
 
-    @cached_property
-    def top_ids(self) -> np.ndarray:
-        return self._decoded["top_ids"]
+    def id_at(self, i: int) -> int | None:
+        return self.view.id_at(i)
 
-    @cached_property
-    def top_logprobs(self) -> np.ndarray:
-        return self._decoded["top_logprobs"]
+    def logprob_at(self, i: int) -> float | None:
+        return self.view.logprob_at(i)
 
-    @cached_property
-    def top_lengths(self) -> np.ndarray | None:
-        return self._decoded["top_lengths"]
-
-    @cached_property
-    def token_texts(self) -> list[str]:
-        return self._decoded["token_texts"]
-
-    @cached_property
-    def text(self) -> str:
-        return self._decoded["text"]
+    def margin(self, position: int) -> float | None:
+        return self.view.margin(position)
 
 
 class Positions:

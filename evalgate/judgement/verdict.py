@@ -20,7 +20,7 @@ from ..errors import ExitCode
 from ..fingerprint import delta as fingerprint_delta
 from ..fingerprint import describe_changes
 from ..store import RunRecord
-from .compare import Divergence, first_divergence, max_logprob_delta, within_run
+from .compare import Comparisons, Divergence, disagreement_of, pass_pairs
 from .factors import comparison_label
 
 if TYPE_CHECKING:
@@ -222,9 +222,17 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
         current.digests.get(key, ()),
         None if baseline is None else baseline.digests.get(key, ()) if key in baseline.requests else ())}
     differing = [key for key in current.requests if key not in uniform]
+    # The others are compared all at once on their arrays: each pass with its reference pass, then the
+    # requests whose passes agree with the baseline's passes of the same conditions.
     current.prefetch(differing)
+    comparisons = Comparisons()
+    plans = {key: pass_pairs(current.outputs.get(key, []), passes) for key in differing}
+    comparisons.prepare([(ref, other) for plan in plans.values() for _, _, ref, other in plan])
+    disagreements = {key: disagreement_of(plan, comparisons) for key, plan in plans.items()}
     if baseline is not None:
-        baseline.prefetch(differing)
+        agreeing = [key for key in differing if disagreements[key] is None and key in baseline.requests]
+        baseline.prefetch(agreeing)
+        comparisons.prepare([pair for key in agreeing for pair in _baseline_pairs(current, baseline, key, pairs)])
     verdicts: list[RequestVerdict] = []
     varying: dict[int, list[str]] = {}  # pass index -> keys that differ from that pass's reference
     for key, request in current.requests.items():
@@ -233,16 +241,16 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
             verdicts.append(RequestVerdict(key, "stable", location))
             continue
         completions = current.outputs.get(key, [])
-        disagreement = within_run(completions, passes)
+        disagreement = disagreements[key]
         if disagreement is not None:
             by_pass = {c.pass_index: c for c in completions}
             for d in disagreement.differences:
                 varying.setdefault(d.other.index, []).append(key)
-            kinds = frozenset(d.divergence.kind for d in disagreement.differences)
-            delta = max(max_logprob_delta(by_pass[d.reference.index], by_pass[d.other.index])
+            kinds = frozenset(d.kind for d in disagreement.differences)
+            delta = max(comparisons.max_delta(by_pass[d.reference.index], by_pass[d.other.index])
                         for d in disagreement.differences)
-            flip = next((policy.flip_class(d.divergence.kind, d.divergence.margin) for d in disagreement.differences
-                         if d.divergence.kind == "token"), None)
+            flip = next((policy.flip_class(d.kind, d.divergence.margin) for d in disagreement.differences
+                         if d.kind == "token"), None)
             verdicts.append(RequestVerdict(
                 key, "batch_variance", location, disagreement.divergence, factor=disagreement.factor,
                 kinds=kinds, max_delta=delta, flip=flip,
@@ -265,13 +273,12 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
         if base_request is None or not base_outputs:
             verdicts.append(RequestVerdict(key, "new", location, components=["suite"]))
             continue
-        outputs = {c.pass_index: c for c in completions}
         found = []
-        for pair in pairs:  # like with like: the baseline's pass of a condition vs this run's pass of it
-            base, cur = base_outputs.get(pair.baseline_pass), outputs.get(pair.current_pass)
-            divergence = first_divergence(base, cur) if base is not None and cur is not None else None
+        for pair, (base, cur) in zip(pairs, _baseline_pairs(current, baseline, key, pairs, present=False)):
+            # like with like: the baseline's pass of a condition vs this run's pass of it
+            divergence = comparisons.divergence(base, cur) if base is not None and cur is not None else None
             if divergence is not None:
-                found.append((pair, divergence, max_logprob_delta(base, cur)))
+                found.append((pair, divergence, comparisons.max_delta(base, cur)))
         if not found:
             verdicts.append(RequestVerdict(key, "stable", location))
             continue
@@ -302,6 +309,16 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
         not_run=list((current.run.schedule or {}).get("not_run") or []),
         policy=policy,
     )
+
+
+def _baseline_pairs(current: RunRecord, baseline: RunRecord, key: str, pairs: list[PassPair], *,
+                    present: bool = True) -> list[tuple]:
+    """(baseline output, this run's output) of a request for each pair of passes of one condition; with
+    `present=False`, one per pair, None where a side has no such pass."""
+    base_outputs = {c.pass_index: c for c in baseline.outputs.get(key, [])}
+    outputs = {c.pass_index: c for c in current.outputs.get(key, [])}
+    found = [(base_outputs.get(pair.baseline_pass), outputs.get(pair.current_pass)) for pair in pairs]
+    return [(base, cur) for base, cur in found if not present or (base is not None and cur is not None)]
 
 
 def _stable_by_digest(mine, theirs) -> bool:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from ..records import Completion, StoredCompletion
-from .models import Output, Payload, Request
+from .models import Request
 
 if TYPE_CHECKING:
     from .base import StoreBase
@@ -87,56 +87,67 @@ class StoredOutputs(Mapping):
         return len(self.digests)
 
     def prefetch(self, keys: list[str]) -> None:
+        """Read these requests' completions with their payloads, in one query per `CHUNK` keys, or in one
+        for the whole run when they are most of it."""
         wanted = [k for k in dict.fromkeys(keys) if k in self.digests and k not in self._completions]
+        if len(wanted) * 2 > len(self.digests):
+            self._read(None, with_payloads=True)
+            return
         for i in range(0, len(wanted), CHUNK):
-            self._read(wanted[i : i + CHUNK])
-        self.payloads.prefetch([c.payload_hash for k in wanted for c in self._completions[k]])
+            self._read(wanted[i : i + CHUNK], with_payloads=True)
 
-    def _read(self, keys: list[str] | None) -> None:
-        """Build the completions of `keys` (None: of every request not built yet) from their output rows."""
-        outputs = Output.__table__
-        q = (select(outputs.c.request_key, outputs.c.pass_index, outputs.c.concurrency, outputs.c.wave,
-                    outputs.c.position, outputs.c.finish_reason, outputs.c.digest, outputs.c.cached_tokens,
-                    outputs.c.payload_hash)
-             .where(outputs.c.run_id == self.run_id).order_by(outputs.c.pass_index, outputs.c.id))
-        q = q.where(outputs.c.pass_index >= 0 if self.rescoring is None else outputs.c.pass_index == self.rescoring)
+    def _read(self, keys: list[str] | None, *, with_payloads: bool = False) -> None:
+        """Build the completions of `keys` (None: of every request not built yet) from their output rows
+        (and, `with_payloads`, keep their payloads), fetched by the driver at once: a run has thousands of
+        outputs, and no SQLAlchemy row is built per output."""
+        mark = self.store.placeholders(1)
+        which = "pass_index >= 0" if self.rescoring is None else f"pass_index = {int(self.rescoring)}"
+        data = ", payloads.data FROM outputs JOIN payloads ON payloads.hash = outputs.payload_hash" if with_payloads \
+            else ", NULL FROM outputs"
+        sql = ("SELECT request_key, pass_index, concurrency, wave, position, finish_reason, digest, cached_tokens, "
+               f"payload_hash{data} WHERE run_id = {mark} AND {which}")
+        params: tuple = (self.run_id,)
         if keys is not None:
-            q = q.where(outputs.c.request_key.in_(keys))
+            sql += f" AND request_key IN ({self.store.placeholders(len(keys))})"
+            params += tuple(keys)
         built: dict[str, list[Completion]] = {}
         with self.store.session() as s:
-            for key, pass_index, concurrency, wave, position, finish, digest, cached, payload in s.execute(q):
-                if key not in self._completions:
-                    built.setdefault(key, []).append(StoredCompletion(
-                        key, payload, self.payloads, digest, finish, pass_index=pass_index, concurrency=concurrency,
-                        wave=wave, position=position, cached_tokens=cached, request=self.requests.get(key)))
+            rows = self.store.select_rows(s, sql, params)  # in pass order below: a database sort costs more
+        blobs = self.payloads.blobs
+        for key, pass_index, concurrency, wave, position, finish, digest, cached, payload, blob in rows:
+            if key not in self._completions:
+                built.setdefault(key, []).append(StoredCompletion(
+                    key, payload, self.payloads, digest, finish, pass_index=pass_index, concurrency=concurrency,
+                    wave=wave, position=position, cached_tokens=cached, request=self.requests.get(key)))
+                if blob is not None and payload not in blobs:
+                    blobs[payload] = bytes(blob)
+        for completions in built.values():
+            completions.sort(key=_pass_order)
         self._completions.update(built)
 
 
+def _pass_order(c: Completion) -> int:
+    return c.pass_index
+
+
 class RunPayloads:
-    """The payloads of one stored run: the first one wanted without `prefetch` reads all of the run's."""
+    """The payloads of one stored run, by hash: those read with their outputs (`StoredOutputs.prefetch`);
+    the first one wanted that was not reads all of the run's."""
 
     def __init__(self, store: StoreBase, run_id: int):
         self.store, self.run_id = store, run_id
-        self._blobs: dict[str, bytes] = {}
+        self.blobs: dict[str, bytes] = {}
         self._all = False
 
     def __call__(self, payload_hash: str) -> bytes:
-        if payload_hash not in self._blobs and not self._all:
-            outputs, payloads = Output.__table__, Payload.__table__
-            self._fetch(select(payloads.c.hash, payloads.c.data).distinct()
-                        .join(outputs, outputs.c.payload_hash == payloads.c.hash).where(outputs.c.run_id == self.run_id))
+        if payload_hash not in self.blobs and not self._all:
+            mark = self.store.placeholders(1)
+            with self.store.session() as s:
+                self.blobs.update((h, bytes(data)) for h, data in self.store.select_rows(
+                    s, "SELECT DISTINCT payloads.hash, payloads.data FROM payloads JOIN outputs ON "
+                       f"outputs.payload_hash = payloads.hash WHERE outputs.run_id = {mark}", (self.run_id,)))
             self._all = True
-        return self._blobs[payload_hash]
-
-    def prefetch(self, hashes: list[str]) -> None:
-        wanted = [h for h in dict.fromkeys(hashes) if h not in self._blobs]
-        payloads = Payload.__table__
-        for i in range(0, len(wanted), CHUNK):
-            self._fetch(select(payloads.c.hash, payloads.c.data).where(payloads.c.hash.in_(wanted[i : i + CHUNK])))
-
-    def _fetch(self, q) -> None:
-        with self.store.session() as s:
-            self._blobs.update((h, bytes(data)) for h, data in s.execute(q))
+        return self.blobs[payload_hash]
 
 
 class StoredRequest:

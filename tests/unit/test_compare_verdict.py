@@ -8,7 +8,7 @@ import struct
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from evalgate.configuration.schedule import Schedule, plan_passes
@@ -386,6 +386,53 @@ def test_property_order_independent_and_exact_position(data):
         assert v.verdict == "batch_variance"
         assert (v.divergence.position, v.divergence.kind) == (position, kind)
         assert v.passes["other_pass"] == 1
+
+
+# --- many pairs at once -----------------------------------------------------------------------------------
+
+
+def plain_comparison(a: Completion, b: Completion) -> tuple:
+    """The comparison written position by position on Python lists: the reference for the array version."""
+    ids_a, ids_b, lps_a, lps_b = (a.output_ids.tolist(), b.output_ids.tolist(), a.logprobs.tolist(), b.logprobs.tolist())
+    found = None
+    if a.digest != b.digest:
+        n = min(len(ids_a), len(ids_b))
+        m = min(len(lps_a), len(lps_b))
+        token = next((i for i in range(n) if ids_a[i] != ids_b[i]), None)
+        bit = next((i for i in range(m) if struct.pack("<d", lps_a[i]) != struct.pack("<d", lps_b[i])), None)
+        if token is not None:
+            found = (token, "token")
+        elif len(ids_a) != len(ids_b):
+            found = (n, "length")
+        elif bit is not None:
+            found = (bit, "logprob")
+        elif len(lps_a) != len(lps_b):
+            found = (m, "logprob")
+    d = min(len(ids_a), len(ids_b), len(lps_a), len(lps_b))
+    deltas = [abs(lps_a[i] - lps_b[i]) for i in range(d) if ids_a[i] == ids_b[i]]
+    return found, max(deltas) if deltas else 0.0
+
+
+few_ids = st.lists(st.integers(min_value=0, max_value=3), max_size=6)
+odd_lps = st.sampled_from([-0.5, -1.0, -0.0, 0.0, float("-inf"), float("nan"), -1e-300, -0.5000000000000001])
+
+
+@settings(max_examples=300, deadline=None)
+@example(pairs=[([0, 0], [-0.5, -0.5], [0, 0], [float("nan"), -0.5])])  # a NaN first ranks first
+@example(pairs=[([0, 0], [float("nan"), -0.5], [0, 0], [-0.5, -0.5]), ([1], [-1.0], [1, 2], [-1.0])])
+@given(st.lists(st.tuples(few_ids, st.lists(odd_lps, max_size=6), few_ids, st.lists(odd_lps, max_size=6)),
+                min_size=1, max_size=8))
+def test_many_pairs_compared_at_once_as_each_alone(pairs):
+    """`compare_outputs` works on all pairs' arrays together: each pair gets what a position-by-position
+    comparison of it alone gives (lengths, uneven logprobs, NaN first or later, -0.0, infinities)."""
+    from evalgate.judgement.compare import compare_outputs
+
+    made = [(Completion("r", [1], ia, la, [], [], [], "", "length"), Completion("r", [1], ib, lb, [], [], [], "", "length"))
+            for ia, la, ib, lb in pairs]
+    for (a, b), got in zip(made, compare_outputs(made)):
+        found, delta = plain_comparison(a, b)
+        assert (None if got.position is None else (got.position, got.kind)) == found
+        assert struct.pack("<d", got.max_delta) == struct.pack("<d", delta) or (got.max_delta != got.max_delta and delta != delta)
 
 
 # --- conditions: each pass differs from its reference in one factor -------------------------------------

@@ -380,16 +380,52 @@ def first_index(key: str) -> int:
     return [c.key for c in mixed_pass()].index(key)
 
 
+GOLDEN_LEAN = make([1, 2], [-0.5, -1.5], top_ids=[[1, 3], [2]], top_lps=[[-0.5, -2.0], [-1.5]], texts=["a", "b"])
+GOLDEN_WIDE = make([70_000], [-0.1], top_ids=[[70_000, 5]], top_lps=[[-0.1, -0.2]], texts=["\u00e9"], text="x")
+# version 1, written by every evalgate from 0009 until payload version 2: still read, bit for bit
+V1_LEAN = ("014866010102000000020000000200000002000000010002000100030002000000000000bf0000c0bf000000bf000000c00000c0"
+           "bf00000000020001005b2261222c202262225d")
+V1_WIDE = ("0169640000010000000100000001000000020000007011010070110100050000009a9999999999b9bf9a9999999999b9bf9a99999999"
+           "99c9bf5b2278222c205b225c7530306539225d5d")
+
+
 def test_the_payload_encoding_is_pinned():
-    """Golden blobs written by the encoder before outputs were arrays: today's bytes (and hashes) are the same."""
-    lean = make([1, 2], [-0.5, -1.5], top_ids=[[1, 3], [2]], top_lps=[[-0.5, -2.0], [-1.5]], texts=["a", "b"])
-    wide = make([70_000], [-0.1], top_ids=[[70_000, 5]], top_lps=[[-0.1, -0.2]], texts=["\u00e9"], text="x")
-    assert encode_payload(lean)[1].hex() == (
-        "014866010102000000020000000200000002000000010002000100030002000000000000bf0000c0bf000000bf000000c00000c0"
-        "bf00000000020001005b2261222c202262225d")
-    assert encode_payload(wide)[1].hex() == (
-        "0169640000010000000100000001000000020000007011010070110100050000009a9999999999b9bf9a9999999999b9bf9a99999999"
-        "99c9bf5b2278222c205b225c7530306539225d5d")
+    """Version 2, byte for byte (docs/storage.md): header, ids, floats, ragged row lengths, each token
+    text's UTF-8 length, the texts, and the text only when it is not the token texts joined."""
+    assert encode_payload(GOLDEN_LEAN)[1].hex() == (
+        "02" "4866" "03" "01" "02000000" "02000000" "02000000" "02000000" "02000000"  # H f, ragged+joined, 1-byte lengths
+        "01000200" "0100030002000000"  # ids, top-k ids (row 2 padded with 0)
+        "000000bf0000c0bf" "000000bf000000c00000c0bf00000000"  # logprobs, top-k logprobs (float32)
+        "02000100" "0101" "6162")  # row lengths, text lengths, "ab"
+    assert encode_payload(GOLDEN_WIDE)[1].hex() == (
+        "02" "6964" "00" "01" "01000000" "01000000" "01000000" "02000000" "01000000"  # i d, text not joined
+        "70110100" "7011010005000000"
+        "9a9999999999b9bf" "9a9999999999b9bf9a9999999999c9bf"  # float64: -0.1 is not a float32
+        "02" "c3a9" "78")  # é is 2 bytes, then the text "x"
+
+
+def test_version_1_payloads_read_back_as_they_were_written():
+    for blob, c in ((V1_LEAN, GOLDEN_LEAN), (V1_WIDE, GOLDEN_WIDE)):
+        ids, lps, top_ids, top_lps, texts, text = decode_payload(bytes.fromhex(blob))
+        assert same(make(ids, lps, top_ids=top_ids, top_lps=top_lps, texts=texts, text=text), c)
+
+
+def test_an_unknown_payload_version_is_an_error_not_a_guess():
+    blob = bytearray(encode_payload(GOLDEN_LEAN)[1])
+    blob[0] = 3
+    with pytest.raises(ValueError, match="version 3 is unknown"):
+        decode_payload(bytes(blob))
+
+
+def test_one_token_text_is_read_alone_and_long_texts_take_wider_lengths():
+    from evalgate.records import payload_view
+
+    texts = ["a", "é" * 200, "\ud800", "", "z" * 70_000]
+    c = make(range(5), [-1.0] * 5, texts=texts)
+    view = payload_view(encode_payload(c)[1])
+    assert [view.token_text(i) for i in range(6)] == [*texts, None] and "token_texts" not in vars(view)
+    assert view.token_texts == texts and view.text == "".join(texts)
+    assert view._width == 4 and payload_view(encode_payload(make([1], [-1.0], texts=["é" * 200]))[1])._width == 2
 
 
 @settings(max_examples=100, deadline=None)

@@ -62,3 +62,61 @@ def test_every_recorded_output_reads_back_to_its_digest(store):
                 ids, lps = c.output_ids.astype("<i4").tobytes(), c.logprobs.astype("<f8").tobytes()
                 assert output_digest(ids, lps) == c.digest, (run.id, key, c.pass_index)
                 assert len(c.top_ids) == len(c.output_ids) and len(c.token_texts) == len(c.output_ids)
+
+
+def copy_with_version_2(store: Store, run_id: int, baseline_id: int | None) -> int:
+    """A copy of a recorded run whose outputs are stored again today, in version 2 payloads beside the
+    recording's version 1 ones (its digests recomputed from the arrays)."""
+    import sqlalchemy as sa
+
+    from evalgate.records import Completion
+    from evalgate.store.models import Request, Run
+
+    record = store.load(run_id)
+    with store.database.begin() as conn:
+        row = dict(conn.execute(sa.select(Run.__table__).where(Run.__table__.c.id == run_id)).mappings().one())
+        row.pop("id")
+        row["baseline_run_id"] = baseline_id
+        new_id = conn.execute(sa.insert(Run.__table__).values(**row)).inserted_primary_key[0]
+        requests = conn.execute(sa.select(Request.__table__).where(Request.__table__.c.run_id == run_id)).mappings().all()
+        conn.execute(sa.insert(Request.__table__), [{**{k: v for k, v in r.items() if k != "id"}, "run_id": new_id}
+                                                    for r in requests])
+    by_pass: dict[int, list[Completion]] = {}
+    for outputs in record.outputs.values():
+        for c in outputs:
+            by_pass.setdefault(c.pass_index, []).append(Completion(
+                key=c.key, prompt_ids=c.prompt_ids, output_ids=c.output_ids.copy(), logprobs=c.logprobs.copy(),
+                top_ids=c.top_ids.copy(), top_logprobs=c.top_logprobs.copy(), top_lengths=c.top_lengths,
+                token_texts=list(c.token_texts), text=c.text, finish_reason=c.finish_reason, pass_index=c.pass_index,
+                concurrency=c.concurrency, wave=c.wave, position=c.position, cached_tokens=c.cached_tokens))
+    for index in sorted(by_pass):
+        store.add_outputs(new_id, by_pass[index])
+    return new_id
+
+
+def test_version_1_and_version_2_payloads_side_by_side_judge_identically(store):
+    """Every recorded run stored again in version 2 payloads, judged against its recorded baseline (version
+    1) and against a version 2 copy of it: the verdicts, divergences, deltas and factor tables of the
+    recording, and the digests unchanged."""
+    import sqlalchemy as sa
+
+    runs = [run for run in store.runs() if run.baseline_run_id is not None]
+    assert runs
+    copies: dict[int, int] = {}
+    for run in sorted(store.runs(), key=lambda r: r.id):
+        copies[run.id] = copy_with_version_2(store, run.id, None)
+    with store.database.connect() as conn:
+        versions = dict(conn.execute(sa.text("SELECT substr(data, 1, 1), COUNT(*) FROM payloads GROUP BY 1")).all())
+    assert set(versions) == {b"\x01", b"\x02"}, versions  # both encodings in one database
+    for run in runs:
+        recorded = gate.judge_runs(store, run.id, run.baseline_run_id, kind=run.kind)
+        for current, baseline in ((copies[run.id], run.baseline_run_id), (copies[run.id], copies[run.baseline_run_id]),
+                                  (run.id, copies[run.baseline_run_id])):
+            report = gate.judge_runs(store, current, baseline, kind=run.kind)
+            assert report.counts == recorded.counts == run.summary, run.id
+            assert canonical([v.to_dict() for v in report.verdicts]) == canonical([v.to_dict() for v in recorded.verdicts])
+            for name in ("factors", "cache_hits", "baseline_pairs", "differences"):
+                assert canonical(report.judged()[name]) == canonical(recorded.judged()[name]), (run.id, name)
+        digests = {(k, c.pass_index): c.digest for k, cs in store.load(run.id).outputs.items() for c in cs}
+        copied = {(k, c.pass_index): c.digest for k, cs in store.load(copies[run.id]).outputs.items() for c in cs}
+        assert copied == digests

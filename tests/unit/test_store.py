@@ -268,6 +268,53 @@ def test_run_round_trip_is_bit_exact(db_url, suite):
             assert got.digest == want.digest
 
 
+NAN_WITH_PAYLOAD = struct.unpack("<d", bytes.fromhex("010000000000f87f"))[0]
+
+
+@pytest.mark.parametrize(("id_type", "float_type"), [("int64", "float32"), ("int32", "float64"), ("uint16", "float32")])
+def test_payloads_of_both_versions_round_trip_bit_for_bit(db_url, suite, id_type, float_type):
+    """Version 2 as written today and version 1 as every evalgate wrote it before (docs/storage.md), on this
+    backend: every id and float type the engines hand over, ragged top-k, non-finite values, NUL and lone
+    surrogates in texts, a text that is not the token texts joined."""
+    import hashlib
+
+    import numpy as np
+    import sqlalchemy as sa
+
+    tiny = -5e-324 if float_type == "float64" else -0.25  # a subnormal float64
+    odd = [-0.0, float("-inf"), float("nan"), tiny, -1.5]
+    ids = np.array([7, 65_535 if id_type == "uint16" else 70_000, 0, 3, 9], dtype=id_type)
+    lps = np.array(odd, dtype=float_type)
+    if float_type == "float64":
+        lps[2] = NAN_WITH_PAYLOAD  # a NaN's payload bits too
+    made = Completion(key="a", prompt_ids=PROMPT_IDS["a"], output_ids=ids, logprobs=lps,
+                      top_ids=[[7, 1], [int(ids[1])], [], [3, 4, 5], [9]],
+                      top_logprobs=[[-0.0, -1.0], [-2.0], [], [-1.5, -3.0, -4.0], [-0.25]],
+                      token_texts=["a\x00", "\ud800", "é", "", "z" * 300], text="other\x00text", finish_reason="length")
+    store = Store(db_url)
+    run_id = store.create_run(suite, "check", {}, fingerprint(), PROMPT_IDS)
+    store.add_outputs(run_id, [made])
+    got = store.load(run_id).outputs["a"][0]
+    assert got.output_ids.tolist() == ids.tolist() and bits(got.logprobs) == bits(lps.astype(np.float64))
+    assert got.top_rows()[0] == made.top_rows()[0]
+    assert [bits(r) for r in got.top_rows()[1]] == [bits(r) for r in made.top_rows()[1]]
+    assert (got.token_texts, got.text, got.digest) == (made.token_texts, made.text, made.digest)
+    assert [got.token_text(i) for i in range(6)] == [*made.token_texts, None]
+    assert [got.margin(i) for i in range(5)] == [made.margin(i) for i in range(5)]
+
+    # a version 1 payload, as stored before version 2, read back from this backend
+    v1 = bytes.fromhex("014866010102000000020000000200000002000000010002000100030002000000000000bf0000c0bf000000bf00"
+                       "0000c00000c0bf00000000020001005b2261222c202262225d")
+    v1_hash = hashlib.sha256(v1).hexdigest()
+    with store.database.begin() as conn:
+        conn.execute(sa.text("INSERT INTO payloads (hash, data) VALUES (:h, :d)"), {"h": v1_hash, "d": v1})
+        conn.execute(sa.text("UPDATE outputs SET payload_hash = :h WHERE run_id = :r"), {"h": v1_hash, "r": run_id})
+    old = store.load(run_id).outputs["a"][0]
+    assert old.output_ids.tolist() == [1, 2] and old.logprobs.tolist() == [-0.5, -1.5]
+    assert old.top_rows() == ([[1, 3], [2]], [[-0.5, -2.0], [-1.5]])
+    assert (old.token_texts, old.text, old.token_text(1), old.margin(0)) == (["a", "b"], "ab", "b", 1.5)
+
+
 def test_outputs_load_in_pass_order(db_url, suite):
     store = Store(db_url)
     run_id = store.create_run(suite, "check", {}, fingerprint(), PROMPT_IDS)
