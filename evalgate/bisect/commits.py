@@ -46,7 +46,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..configuration.suite import load_suite, resolve_database_url
+from ..configuration.config import resolve_database_url
+from ..configuration.suite import load_suite
 from ..errors import ConfigError, EngineError, EvalgateError
 from ..execution.processes import group_members, is_python, signal_quietly
 from ..judgement.compare import first_divergence

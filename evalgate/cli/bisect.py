@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from .common import JsonOpt, console, finish, handled, open_store_for, print_trial
 
@@ -94,6 +93,8 @@ def show(session_id: Optional[int] = typer.Argument(None, help="A bisect id (def
     """Read stored bisects and their trials, including interrupted ones."""
     store = open_store_for(db, suite)
     if session_id is None:
+        from rich.table import Table
+
         table = Table()
         for col in ("bisect", "kind", "suite", "status", "trials", "started", "subject"):
             table.add_column(col)
@@ -113,6 +114,7 @@ def show(session_id: Optional[int] = typer.Argument(None, help="A bisect id (def
         return
     console.print(f"bisect {row.id} ({row.kind}): {row.status}", markup=False)
     console.print(f"subject: {json.dumps(row.subject)}", markup=False)
+    from rich.table import Table
     table = Table()
     for col in ("step", "trial", "outcome", "run", "seconds"):
         table.add_column(col)

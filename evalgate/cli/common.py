@@ -55,6 +55,42 @@ def handled(fn):
     return wrapper
 
 
+def print_table(columns: list[str], rows: list[list[str]]) -> None:
+    """A table: rich's on a terminal; off one (CI logs, pipes) plain columns two spaces apart, each as wide
+    as its widest cell, never wrapped or cut."""
+    if console.is_terminal:
+        from rich.table import Table
+
+        table = Table()
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*(escape(cell) for cell in row))
+        console.print(table)
+        return
+    widths = [max(len(cell) for cell in column) for column in zip(columns, *rows)]
+    for line in (columns, *rows):
+        sys.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() + "\n")
+
+
+def print_json(value) -> None:
+    """JSON for scripts: plain, on stdout, one document."""
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+def database_url_for(db: str | None, suite_path: Path | None) -> str:
+    """The URL of the store named by --db, else by the suite file, else the default under ./baselines."""
+    from ..configuration.config import DEFAULT_DATABASE, resolve_database_url
+
+    if db:
+        return resolve_database_url(db, Path.cwd())
+    if suite_path is not None or Path("evalgate.toml").is_file():
+        from ..configuration.suite import load_suite
+
+        return load_suite(suite_path or Path("evalgate.toml")).database
+    return resolve_database_url(DEFAULT_DATABASE, Path.cwd())
+
+
 def show_engine_log(exc: BaseException) -> None:
     """After an engine failure: where the engine's own output is, and its last lines."""
     from ..execution.worker import log_tail
@@ -68,14 +104,9 @@ def show_engine_log(exc: BaseException) -> None:
 
 def open_store_for(db: str | None, suite_path: Path | None):
     """The existing store named by --db, else by the suite file, else the default under ./baselines."""
-    from ..configuration.suite import DEFAULT_DATABASE, load_suite, resolve_database_url
     from ..store import open_store
 
-    if db:
-        return open_store(resolve_database_url(db, Path.cwd()), create=False)
-    if suite_path is not None or Path("evalgate.toml").is_file():
-        return open_store(load_suite(suite_path or Path("evalgate.toml")).database, create=False)
-    return open_store(resolve_database_url(DEFAULT_DATABASE, Path.cwd()), create=False)
+    return open_store(database_url_for(db, suite_path), create=False)
 
 
 VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show the engine's own output (vLLM, torch) live instead of "

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.table import Table
 
 from .common import console, err_console, handled, parse_levels
 
@@ -74,6 +73,7 @@ def render(report) -> None:
 
     top = report.highest_concurrency
     levels = sorted(set(report.schedule.concurrency))
+    from rich.table import Table
     table = Table(title=f"evalgate cost: suite {report.suite_name!r} ({report.platform or 'platform unknown'}), "
                         f"output tokens/s by concurrency", title_justify="left")
     table.add_column("candidate")

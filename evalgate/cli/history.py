@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
-from .common import console, handled, open_store_for
+from .common import console, database_url_for, handled, open_store_for, print_json, print_table
 
 DbOpt = typer.Option(None, "--db", help="Database URL or SQLite path")
 SuiteOpt = typer.Option(None, "--suite", help="Take the database from this suite file")
@@ -19,23 +18,24 @@ def _when(dt) -> str:
     return dt.strftime("%Y-%m-%d %H:%M:%S") if dt else ""
 
 
+JsonRowsOpt = typer.Option(False, "--json", help="Print the rows as JSON, for scripts")
+
+
 @handled
 def runs_list(db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt,
               name: Optional[str] = typer.Option(None, "--name", help="Only this suite name"),
-              limit: int = typer.Option(50, help="How many runs, newest first")):
+              limit: int = typer.Option(50, help="How many runs, newest first"), json_out: bool = JsonRowsOpt):
     """List runs, newest first."""
-    from ..store import display_status
+    from ..store.listing import run_rows
 
-    store = open_store_for(db, suite)
-    baseline_ids = {b.run_id for b in store.baselines()}
-    table = Table()
-    for col in ("run", "suite", "kind", "status", "verdict", "counts", "started", "baseline"):
-        table.add_column(col)
-    for run in store.runs(name, limit):
-        counts = ", ".join(f"{k} {v}" for k, v in (run.summary or {}).items() if v)
-        table.add_row(str(run.id), run.suite_name, run.kind, display_status(run), run.verdict or "", counts,
-                      _when(run.started_at), "yes" if run.id in baseline_ids else "")
-    console.print(table)
+    rows = run_rows(database_url_for(db, suite), name, limit)
+    if json_out:
+        print_json(rows)
+        return
+    print_table(["run", "suite", "kind", "status", "verdict", "counts", "started", "baseline"],
+                [[str(r["run"]), r["suite"], r["kind"], r["status"], r["verdict"] or "",
+                  ", ".join(f"{k} {v}" for k, v in r["counts"].items()), r["started"] or "", "yes" if r["baseline"] else ""]
+                 for r in rows])
 
 
 @handled
@@ -99,20 +99,18 @@ def baseline_adopt(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path]
 
 
 @handled
-def baseline_list(db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt):
+def baseline_list(db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt, json_out: bool = JsonRowsOpt):
     """List the current baseline of each suite and hardware class, with each class's lineage (adopted from
     which run and class, and what that check found)."""
-    from ..fingerprint import hardware_label
-    from ..reports.explain import lineage
+    from ..store.listing import baseline_rows
 
-    store = open_store_for(db, suite)
-    table = Table()
-    for col in ("suite", "hardware class", "hardware", "run", "promoted", "lineage"):
-        table.add_column(col)
-    for b in store.baselines():
-        label = hardware_label(store.fingerprint_of(b.run_id).get("hardware") or {})
-        table.add_row(b.suite_name, b.hardware_class[:12], label, str(b.run_id), _when(b.promoted_at), lineage(b.receipt))
-    console.print(table)
+    rows = baseline_rows(database_url_for(db, suite))
+    if json_out:
+        print_json(rows)
+        return
+    print_table(["suite", "hardware class", "hardware", "run", "promoted", "lineage"],
+                [[r["suite"], r["hardware_class"][:12], r["hardware"], str(r["run"]), r["promoted"] or "", r["lineage"]]
+                 for r in rows])
 
 
 @handled

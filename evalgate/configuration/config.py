@@ -203,3 +203,21 @@ def evalgate_tables(path: Path) -> tuple[dict, str]:
     if not isinstance(data, dict):
         raise fail(str(path), "`tool.evalgate` must be a table", "write it as [tool.evalgate] with tables below it")
     return data, "tool.evalgate."
+
+
+# --- where the store is ---------------------------------------------------------------------------------
+
+DEFAULT_DATABASE = "sqlite:///baselines/evalgate.sqlite"
+
+
+def resolve_database_url(url: str, root: Path, where: str = "database") -> str:
+    """SQLite paths in a suite file are relative to the suite file's directory."""
+    try:
+        if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and url != "sqlite:///:memory:":
+            return "sqlite:///" + str((root / url[len("sqlite:///"):]).resolve())
+        if "://" not in url:  # a bare path
+            return "sqlite:///" + str((root / url).resolve())
+    except (OSError, ValueError, RuntimeError) as exc:  # NUL byte, symlink loop (Python < 3.13)
+        raise ConfigError(f"{where}: {short(url)} is not a usable path ({os_reason(exc)})",
+                          fix="give a SQLite file path or a SQLAlchemy URL, e.g. sqlite:///baselines/evalgate.sqlite") from None
+    return url

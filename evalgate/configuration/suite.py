@@ -16,13 +16,25 @@ from typing import Any
 from ..engines import COMMON_KEYS, engine_class, engine_kinds
 from ..errors import ConfigError
 from ..hashing import digest
-from .config import check_keys, evalgate_tables, fail, is_dir, is_file, not_json, os_reason, resolve_path, short, typed
+from .config import (
+    DEFAULT_DATABASE,
+    check_keys,
+    evalgate_tables,
+    fail,
+    is_dir,
+    is_file,
+    not_json,
+    os_reason,
+    resolve_database_url,
+    resolve_path,
+    short,
+    typed,
+)
 from .load import parse_load
 from .policy import FAIL_ON, GatePolicy, parse_gate_table
 from .prompts import SCORING_TYPES, Prompt, load_prompts
 from .schedule import FULL, PRESETS, ROTATING, Schedule, rotating_problem
 
-DEFAULT_DATABASE = "sqlite:///baselines/evalgate.sqlite"
 # Keys of [engine] that evalgate itself reads for every kind (each kind adds its own).
 ENGINE_OWN_KEYS = COMMON_KEYS
 SAMPLING_KEYS = {
@@ -356,14 +368,3 @@ def _lm_eval_chat(table: dict, where: str, sec: str) -> dict:
             "fewshot_as_multiturn": True if multiturn is None else multiturn}
 
 
-def resolve_database_url(url: str, root: Path, where: str = "database") -> str:
-    """SQLite paths in a suite file are relative to the suite file's directory."""
-    try:
-        if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and url != "sqlite:///:memory:":
-            return "sqlite:///" + str((root / url[len("sqlite:///"):]).resolve())
-        if "://" not in url:  # a bare path
-            return "sqlite:///" + str((root / url).resolve())
-    except (OSError, ValueError, RuntimeError) as exc:  # NUL byte, symlink loop (Python < 3.13)
-        raise ConfigError(f"{where}: {short(url)} is not a usable path ({os_reason(exc)})",
-                          fix="give a SQLite file path or a SQLAlchemy URL, e.g. sqlite:///baselines/evalgate.sqlite") from None
-    return url

@@ -140,17 +140,6 @@ def class_lines(classes: list[dict]) -> list[str]:
     return lines
 
 
-def lineage(receipt: dict | None) -> str:
-    """`adopted from run 3 (AMD EPYC ...): 20 of 24 identical, drift 4, ...`: a baseline's proof, or `recorded here`."""
-    if not receipt:
-        return "recorded on this class"
-    counts = receipt["counts"]
-    env = receipt.get("envelope") or {}
-    envelope = f"; envelope max {env['max']:.3g}" if env.get("max") is not None else ""
-    return (f"adopted from run {receipt['adopted_from']} ({receipt['from_label']}): {counts['identical']} of "
-            f"{receipt['compared']} identical, drift {counts['drift']}, near ties {counts['near_tie']}{envelope}")
-
-
 def gate_lines(d: dict | None) -> list[str]:
     """The judging level, then how the differences split: bits only (drift) or token flips, near ties apart
     from confident ones (`d`: verdict.Report.differences(); policy.py). None: a run judged before [gate]."""

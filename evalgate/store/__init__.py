@@ -1,8 +1,19 @@
-"""The store (docs/storage.md): one module per concern, joined in evalgate/store/store.py."""
+"""The store (docs/storage.md): one module per concern, joined in evalgate/store/store.py.
 
-from .loaded import BASELINE_RESCORING, OWN_RESCORING, RunRecord
-from .models import Run
-from .runs import display_status
-from .store import Store, existing_store, open_store
+Its names are imported on first use (PEP 562): `evalgate.store.listing`, what `runs list` and `baseline
+list` read, needs SQLAlchemy Core only, and importing it must not import the ORM models with it."""
 
-__all__ = ["BASELINE_RESCORING", "OWN_RESCORING", "Run", "RunRecord", "Store", "display_status", "existing_store", "open_store"]
+from __future__ import annotations
+
+from importlib import import_module
+
+_WHERE = {"BASELINE_RESCORING": "loaded", "OWN_RESCORING": "loaded", "RunRecord": "loaded", "Run": "models",
+          "display_status": "runs", "Store": "store", "existing_store": "store", "open_store": "store"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f".{_WHERE[name]}", __name__), name)

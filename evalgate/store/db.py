@@ -19,16 +19,13 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DatabaseError, OperationalError
 
 from ..errors import ConfigError, StoreError
+from .location import BUSY_TIMEOUT_MS, SCHEMA_HEAD, sqlite_path
 from .portable import server_json_dumps, server_json_loads
 
-BUSY_TIMEOUT_MS = 60_000
 # PostgreSQL: one advisory lock (per database) serialises evalgate's identify-and-migrate across processes.
 PG_MIGRATION_LOCK = 0x6576_616C_6761_7465  # "evalgate"
 # Tables every evalgate schema revision has: a database with none of them is some other application's.
 EVALGATE_TABLES = {"runs", "outputs"}
-# The newest migration in migrations/versions/ (tests/unit/test_migrations.py holds it equal to Alembic's
-# head): a database at it is opened with one query, without importing Alembic (0.3 s of every command).
-SCHEMA_HEAD = "0011"
 
 
 def migrations_dir() -> Path:
@@ -62,12 +59,6 @@ def display_url(url: str) -> str:
         return parsed.render_as_string(hide_password=True) if parsed.password is not None else url
     except Exception:
         return url
-
-
-def sqlite_path(url: str) -> Path | None:
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        return Path(url[len("sqlite:///"):])
-    return None
 
 
 def _check_sqlite_file(path: Path) -> None:

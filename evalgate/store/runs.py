@@ -13,10 +13,11 @@ from sqlalchemy.orm import Session
 
 from ..collector import collector_paused
 from ..errors import ConfigError
-from ..execution.processes import current_owner, owner_alive
+from ..execution.processes import current_owner
 from ..fingerprint import fingerprint_hash
 from ..records import Completion, EncodedPass, encode_pass, pack_ids
 from .base import StoreBase
+from .listing import shown_status
 from .loaded import RunRecord, load_run
 from .models import Fingerprint, Output, Payload, Request, Run, Verdict, utcnow
 
@@ -27,9 +28,7 @@ REQUEST_COLUMNS = ("run_id", "key", "request_hash", "prompt", "prompt_ids", "sam
 
 def display_status(run: Run) -> str:
     """The run's status for people: `abandoned` for a `running` run whose owner process is gone."""
-    if run.status == "running" and owner_alive(run.owner) is False:
-        return "abandoned"
-    return run.status
+    return shown_status(run.status, run.owner)
 
 
 class RunStore(StoreBase):

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from evalgate.configuration.config import DEFAULT_DATABASE, resolve_database_url
 from evalgate.configuration.prompts import load_prompts
 from evalgate.configuration.schedule import Pass, passes_of, plan_passes, waves, with_overrides
-from evalgate.configuration.suite import DEFAULT_DATABASE, Schedule, load_suite, resolve_database_url
+from evalgate.configuration.suite import Schedule, load_suite
 from evalgate.errors import ConfigError, ExitCode
 from evalgate.judgement.factors import comparison_label
 
