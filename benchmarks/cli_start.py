@@ -1,7 +1,8 @@
-"""What every `evalgate` command pays before it does anything: `evalgate --help`, and `evalgate runs list` on
-a store with 100 runs, each a whole process timed from the outside (median of --repeats). Prints measured
-figures; not a test (tests/e2e/test_cli_start.py holds what they import). `benchmarks/before_after.py`
-runs it on two checkouts side by side.
+"""What every `evalgate` command pays before it does anything: `evalgate --help`, and `evalgate runs list`
+(as a table and as JSON) and `baseline list` on a store with 100 runs, each a whole process timed from the
+outside (median of --repeats). Prints measured figures; not a test (tests/e2e/test_cli_start.py and
+tests/unit/test_listing.py hold what they import). `benchmarks/before_after.py` runs it on two checkouts
+side by side.
 
     .venv/bin/python benchmarks/cli_start.py [--repeats 7] [--json]
 """
@@ -32,9 +33,9 @@ def hundred_runs(work: Path) -> Path:
     suite = load_suite(work / "evalgate.toml")
     store = Store(f"sqlite:///{work / 'e.sqlite'}")
     fingerprint = {name: component({"n": name}) for name in COMPONENTS}
-    for _ in range(100):
-        run_id = store.create_run(suite, "check", {"passes": []}, fingerprint, {"a": [1]})
-        store.finish_run(run_id, status="complete", verdict="pass", exit_code=0, summary={"stable": 1})
+    for i in range(100):  # the first a baseline
+        run_id = store.create_run(suite, "baseline" if i == 0 else "check", {"passes": []}, fingerprint, {"a": [1]})
+        store.finish_run(run_id, status="complete", verdict="pass", exit_code=0, summary={"stable": 1}, promote=i == 0)
     store.database.dispose()
     return work / "e.sqlite"
 
@@ -59,7 +60,10 @@ def main() -> None:
     db = hundred_runs(work)
     figures = {"cli: evalgate --help s": timed(["--help"], work, args.repeats),
                "cli: evalgate runs list (100 runs) s": timed(["runs", "list", "--db", str(db), "--limit", "100"], work,
-                                                            args.repeats)}
+                                                            args.repeats),
+               "cli: evalgate runs list --json (100 runs) s": timed(["runs", "list", "--db", str(db), "--limit", "100",
+                                                                     "--json"], work, args.repeats),
+               "cli: evalgate baseline list s": timed(["baseline", "list", "--db", str(db)], work, args.repeats)}
     if args.json:
         print(json.dumps(figures))
         return

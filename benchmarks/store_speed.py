@@ -5,7 +5,9 @@ to the public `Store` the way this evalgate's engines hand them over (arrays; li
 before arrays), and judged with `gate.judge_runs`, what `evalgate check` runs. Prints measured figures; not
 a test. `benchmarks/before_after.py` runs it on two checkouts side by side (`make bench`).
 
-    .venv/bin/python benchmarks/store_speed.py [--requests 5000] [--passes 3] [--tokens 64] [--top-k 5] [--json]
+    .venv/bin/python benchmarks/store_speed.py [--requests 5000] [--passes 3] [--tokens 64] [--top-k 5] [--trials 3] [--json]
+
+Each figure is the median of `--trials` measurements, each in a fresh database.
 
 `equal passes`: every pass of a request produced the same output (what a passing check records);
 `distinct passes`: every pass differs (the worst case: nothing is shared, every request is compared on
@@ -18,6 +20,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -125,19 +128,21 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--top-k", type=int, default=5)
+    parser.add_argument("--trials", type=int, default=3, help="measurements per figure, each in a fresh database")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON line (before_after.py)")
     args = parser.parse_args()
     figures = {}
     for distinct in (False, True):
         label = "distinct passes" if distinct else "equal passes"
-        for name, value in measure(args, distinct).items():
+        trials = [measure(args, distinct) for _ in range(args.trials)]
+        for name in trials[0]:
             if name != "tokens":
-                figures[f"store, {label}: {name}"] = value
+                figures[f"store, {label}: {name}"] = statistics.median(trial[name] for trial in trials)
     if args.json:
         print(json.dumps(figures))
         return
     print(f"store: {args.requests} requests x {args.passes} passes x {args.tokens} tokens, top-{args.top_k}; "
-          f"two runs; load average {os.getloadavg()[0]:.2f}")
+          f"two runs; median of {args.trials}; load average {os.getloadavg()[0]:.2f}")
     for name, value in figures.items():
         print(f"  {name:45} {value:>14,.3f}")
     print("(write: storing one run, requests and every pass; 2nd write: the check, whose outputs equal the "
