@@ -527,9 +527,9 @@ class PayloadView:
 
     # --- texts --------------------------------------------------------------------------------------------
 
-    @cached_property
+    @property
     def _lengths(self):
-        """Version 2: each token text's UTF-8 length (bytes index to ints: no decoding for 1-byte lengths)."""
+        """Version 2: each token text's UTF-8 length (1-byte lengths are the blob's bytes, which index to ints)."""
         import numpy as np
 
         at, end = self._texts_at, self._texts_at + self._count * self._width
@@ -561,8 +561,9 @@ class PayloadView:
             return self.token_texts[i] if 0 <= i < len(self.token_texts) else None
         if not 0 <= i < self._count:
             return None
-        at = self._texts_at + self._count * self._width + sum(self._lengths[:i])
-        return self._utf8(at, at + self._lengths[i])
+        lengths = self._lengths
+        at = self._texts_at + self._count * self._width + sum(lengths[:i])
+        return self._utf8(at, at + lengths[i])
 
     @cached_property
     def text(self) -> str:
@@ -612,6 +613,17 @@ class _FromPayload:
         return value
 
 
+class _PayloadRead:
+    """A stored completion's `PayloadView`, read the first time and then kept in the instance: a judgement
+    reads thousands, so no lock (functools.cached_property has one in Python 3.11) and no call after the first."""
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        view = instance.__dict__["view"] = payload_view(instance._fetch_payload(instance.payload_hash))
+        return view
+
+
 class StoredCompletion(Completion):
     """A completion read back from the store. Its place, digest and finish reason are there at once; its
     tokens are fetched (`fetch_payload(payload_hash)` -> the blob) and decoded, as arrays that view the
@@ -624,13 +636,7 @@ class StoredCompletion(Completion):
         self.cached_tokens = cached_tokens
         self.payload_hash, self._fetch_payload, self._request = payload_hash, fetch_payload, request
 
-    @property
-    def view(self) -> PayloadView:
-        """The payload, read (once) and its header parsed; arrays and texts are made when first read."""
-        view = self.__dict__.get("_decoded")
-        if view is None:
-            view = self.__dict__["_decoded"] = payload_view(self._fetch_payload(self.payload_hash))
-        return view
+    view = _PayloadRead()  # the payload, read (once) and its header parsed; arrays and texts made when read
 
     @cached_property
     def prompt_ids(self) -> list[int]:
