@@ -352,26 +352,28 @@ def _encode_fresh(completions: list[Completion], places: list[int], encoded: Enc
         small = [True] * len(completions)
     if floats.dtype == np.float32:  # every value is a float32 already
         single = [True] * len(completions)
-        float32 = memoryview(floats.astype("<f4", copy=False)).cast("B")
-        floats = floats.astype(np.float64)
+        float32, double = memoryview(floats.astype("<f4", copy=False)).cast("B"), memoryview(b"")
     else:
         floats = floats.astype(np.float64, copy=False)
         with np.errstate(over="ignore", invalid="ignore"):
             singles = floats.astype("<f4")
             exact = singles.astype(np.float64) == floats  # NaN is never equal: it keeps its float64 bits
         single = _segment_reduce(np.logical_and, exact, float_starts, True).tolist()
-        float32 = memoryview(singles).cast("B")
-    # int32 ids and float64 floats: the digest's buffers (the sampled tokens' part of each), and the
-    # payload's where 16-bit ids or float32 values do not hold a completion's exactly
-    double = memoryview(floats.astype("<f8", copy=False)).cast("B")
-    int32 = memoryview(ids.astype("<i4", copy=False)).cast("B")
+        float32, double = memoryview(singles).cast("B"), memoryview(floats.astype("<f8", copy=False)).cast("B")
     uint16 = memoryview(ids.astype("<u2", copy=False)).cast("B") if any(small) else memoryview(b"")
+    int32 = memoryview(ids.astype("<i4", copy=False)).cast("B") if not all(small) else memoryview(b"")
+    # the digest's buffers: the sampled tokens' ids as int32 and logprobs as float64 (not the top-k's)
+    digest_ids, digest_id_starts = _concatenated([(c.output_ids,) for c in completions])
+    digest_lps, digest_lp_starts = _concatenated([(c.logprobs,) for c in completions])
+    digest_ids = memoryview(digest_ids.astype("<i4", copy=False)).cast("B")
+    digest_lps = memoryview(digest_lps.astype("<f8", copy=False)).cast("B")
     for i, (c, place) in enumerate(zip(completions, places)):
         i_at, i_end, f_at, f_end = id_starts[i], id_starts[i + 1], float_starts[i], float_starts[i + 1]
         n, m = c.output_ids.size, c.logprobs.size
         if c._digest is None:
-            c._digest = hashlib.sha256(b"".join((b"ids", int32[4 * i_at : 4 * (i_at + n)],
-                                                  b"lp", double[8 * f_at : 8 * (f_at + m)]))).hexdigest()
+            c._digest = hashlib.sha256(b"".join((
+                b"ids", digest_ids[4 * digest_id_starts[i] : 4 * digest_id_starts[i + 1]],
+                b"lp", digest_lps[8 * digest_lp_starts[i] : 8 * digest_lp_starts[i + 1]]))).hexdigest()
         flags, texts_bytes, lengths_bytes, width, text_bytes = _texts(c)
         if c.top_lengths is not None:
             flags |= _RAGGED
@@ -499,12 +501,6 @@ class PayloadView:
         if self._lengths_at is None:
             return None
         return np.frombuffer(self._blob, dtype="<u2", count=self.rows, offset=self._lengths_at).astype(np.int64)
-
-    def sampled(self) -> tuple[memoryview, memoryview]:
-        """The bytes of the output ids (`id_type`) and of the logprobs (`lp_type`), in place."""
-        blob = memoryview(self._blob)
-        return (blob[self.ids_at : self.ids_at + self.n_ids * self._id_size],
-                blob[self.lps_at : self.lps_at + self.n_lps * self._lp_size])
 
     # --- single values, read in place --------------------------------------------------------------------
 
