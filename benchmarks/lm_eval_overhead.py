@@ -27,7 +27,7 @@ def main() -> None:
 
     from evalgate import gate
     from evalgate.configuration.suite import load_suite
-    from evalgate.execution.runner import Timings
+    from evalgate.execution.request import Timings
     from evalgate.models.tinymodel import cached_model
 
     work = Path(tempfile.mkdtemp(prefix="evalgate-bench-lm-eval-"))

@@ -78,7 +78,8 @@ def main() -> None:
 
     from evalgate.configuration.suite import load_suite
     from evalgate.engines import start_engine
-    from evalgate.execution.runner import TURN_ENV, Timings, record_run
+    from evalgate.execution.request import RunRequest, Timings
+    from evalgate.execution.runner import TURN_ENV, record_run
     from evalgate.models.tinymodel import cached_model
     from evalgate.store import open_store
 
@@ -92,7 +93,7 @@ def main() -> None:
     url = full.database
     store = open_store(url)
     timings = Timings()
-    found_full = findings(store, record_run(full, url, engine, kind="check", schedule=full.schedule, timings=timings))
+    found_full = findings(store, record_run(RunRequest(full, url, "check", full.schedule), engine, timings))
     full_seconds, crowded = engine_seconds(timings)
 
     rows = []
@@ -103,8 +104,8 @@ def main() -> None:
         for turn in range(rotation):
             os.environ[TURN_ENV] = str(turn)
             timings = Timings()
-            found |= findings(store, record_run(rotating, url, engine, kind="check", schedule=rotating.schedule,
-                                             timings=timings))
+            found |= findings(store, record_run(RunRequest(rotating, url, "check", rotating.schedule), engine,
+                                                timings))
             seconds, crowd = engine_seconds(timings)
             costs.append(seconds)
             crowds.append(crowd)

@@ -561,7 +561,7 @@ def run_cost(suite: Suite, candidates: list[Candidate], *, schedule: Schedule | 
 
 def _measure(suite: Suite, candidate: Candidate, index: int, count: int, schedule: Schedule, url: str,
              listener: Listener, walls: list[float]) -> CandidateResult:
-    from .execution.runner import Timings
+    from .execution.request import RunRequest
     from .execution.worker import execute_in_worker
     from .judgement.verdict import judge
     from .store import open_store
@@ -580,14 +580,14 @@ def _measure(suite: Suite, candidate: Candidate, index: int, count: int, schedul
             eta = max(this_total - elapsed, 0.0) + per_candidate * others_left
         listener.candidate_progress(index, count, candidate, done, total, label, eta)
 
-    timings = Timings()
     try:
-        run_id = execute_in_worker(candidate_suite(suite, candidate), url, kind=RUN_KIND, schedule=schedule,
-                               timings=timings, progress=progress, env=candidate.env or None)
+        request = RunRequest(candidate_suite(suite, candidate), url, RUN_KIND, schedule, env=candidate.env or None)
+        result = execute_in_worker(request, progress)
     except EvalgateError as exc:  # the engine failed to start or died: this candidate failed, not the command
         reason = exc.message + (f" (fix: {exc.fix})" if exc.fix else "")
         return CandidateResult(candidate, index, "failed", reason=reason, wall_seconds=time.perf_counter() - started,
                                error_exit_code=int(exc.exit_code))
+    run_id, timings = result.run_id, result.timings
     store = open_store(url)
     try:
         record = store.load(run_id)

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 from .collector import collector_paused
 from .configuration.schedule import ROTATING, Schedule, rotating_problem, with_overrides
 from .configuration.shard import Shard
 from .configuration.suite import Suite
 from .errors import ConfigError, EngineError, NoBaselineError
+from .execution.request import Progress, RunRequest, Timings
 from .execution.rescore import Rescore
-from .execution.runner import Progress, Timings
 from .execution.worker import execute_in_worker
 from .fingerprint import component, hardware_component, hardware_label
 from .fingerprint import delta as fingerprint_delta
@@ -76,27 +77,41 @@ def promotes(report: Report, *, allow_variance: bool = False, shard: Shard | Non
     return report.kind == "baseline" and shard is None and (allow_variance or not report.failing)
 
 
-def judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: int | None, strict: bool = False,
-                     allow_variance: bool = False, shard: Shard | None = None, timings: Timings | None = None,
-                     in_scope=None) -> Report:
+@dataclass(frozen=True)
+class Judging:
+    """How a recorded run is judged and finished: as what kind of run, against which baseline run (None:
+    none), with which policy switches, over which requests (`in_scope`; default: the shard's, else all)."""
+
+    kind: str
+    baseline_run_id: int | None = None
+    strict: bool = False
+    allow_variance: bool = False
+    shard: Shard | None = None
+    in_scope: Callable[[str], bool] | None = None
+
+    def scope(self) -> Callable[[str], bool]:
+        return self.in_scope or (self.shard.contains if self.shard else (lambda key: True))
+
+
+def judge_and_finish(store: Store, run_id: int, judging: Judging, timings: Timings | None = None) -> Report:
     """Judge a recorded run and finish it: complete, with its verdict, and the baseline if it `promotes`.
     Anything that fails here leaves the run incomplete, never complete."""
     timings = timings if timings is not None else Timings()
     try:
         with timings.phase("evalgate"), collector_paused():
             current = store.load(run_id)
-            baseline = store.load(baseline_run_id) if baseline_run_id is not None else None
-            in_scope = in_scope or (shard.contains if shard else (lambda key: True))
-            report = judge_records(store, current, baseline, kind=kind, strict=strict, in_scope=in_scope)
+            baseline = store.load(judging.baseline_run_id) if judging.baseline_run_id is not None else None
+            report = judge_records(store, current, baseline, kind=judging.kind, strict=judging.strict,
+                                   in_scope=judging.scope())
             report.hardware_class = current.run.hardware_class
             report.hardware_label = hardware_label(current.fingerprint.get("hardware") or {})
-            report.promoted = promotes(report, allow_variance=allow_variance, shard=shard)
+            report.promoted = promotes(report, allow_variance=judging.allow_variance, shard=judging.shard)
         stored = current.run.schedule or {}
         store.finish_run(
             run_id, status="complete", verdict=report.status, exit_code=int(report.exit_code),
             summary=report.counts, verdicts=[v.to_dict() for v in report.verdicts if v.verdict != "stable"],
             schedule={**stored, "timings": dict(timings), "judged": report.judged()},
-            baseline_run_id=baseline_run_id,
+            baseline_run_id=judging.baseline_run_id,
             promote=report.promoted,
         )
     except BaseException as exc:
@@ -105,15 +120,13 @@ def judge_and_finish(store: Store, run_id: int, *, kind: str, baseline_run_id: i
     return report
 
 
-def _execute_and_judge(suite: Suite, url: str, *, kind: str, schedule: Schedule | None, baseline_run_id: int | None,
-                       strict: bool, allow_variance: bool, progress: Progress | None, timings: Timings,
-                       shard: Shard | None, group: str | None, show_engine_output: bool,
-                       rescore: Rescore | None) -> Report:
-    run_id = execute_in_worker(suite, url, kind=kind, schedule=schedule or suite.schedule, timings=timings,
-                               progress=progress, labels={"shard_group": group}, shard=shard,
-                               show_engine_output=show_engine_output, rescore=rescore)
-    return judge_and_finish(open_store(url), run_id, kind=kind, baseline_run_id=baseline_run_id, strict=strict,
-                            allow_variance=allow_variance, shard=shard, timings=timings)
+def execute_and_judge(request: RunRequest, judging: Judging, progress: Progress | None = None,
+                      timings: Timings | None = None) -> Report:
+    """Record the run the request asks for (in the engine's process), then judge and finish it."""
+    result = execute_in_worker(request, progress)
+    timings = timings if timings is not None else Timings()
+    timings.update(result.timings)  # the caller's, if it gave one: judging adds its own time
+    return judge_and_finish(open_store(request.url), result.run_id, judging, timings)
 
 
 def create_baseline(suite: Suite, store: Store | str | None = None, *, schedule: Schedule | None = None,
@@ -126,12 +139,10 @@ def create_baseline(suite: Suite, store: Store | str | None = None, *, schedule:
     With `shard`, only that shard runs and nothing is promoted until `merge` joins the group's shards."""
     url = _database(suite, store)
     existing_store(url)
-    return _execute_and_judge(
-        suite, url, kind="baseline", schedule=schedule, baseline_run_id=None, strict=False,
-        allow_variance=allow_variance, progress=progress, timings=timings if timings is not None else Timings(),
-        shard=shard, group=_group(shard, group), show_engine_output=show_engine_output,
-        rescore=Rescore(own=True),  # a baseline rescores its own tokens: what lets it judge another class
-    )
+    request = RunRequest(suite, url, "baseline", schedule or suite.schedule, shard=shard,
+                         labels={"shard_group": _group(shard, group)}, show_engine_output=show_engine_output,
+                         rescore=Rescore(own=True))  # a baseline rescores its own tokens: what lets it judge another class
+    return execute_and_judge(request, Judging("baseline", allow_variance=allow_variance, shard=shard), progress, timings)
 
 
 def _group(shard: Shard | None, group: str | None) -> str | None:
@@ -211,12 +222,10 @@ def check(suite: Suite, store: Store | str | None = None, *, schedule: Schedule 
     and its own. `adopt`: such a check with no confident flip becomes this class's baseline."""
     url = _database(suite, store)
     choice = find_baseline(suite, existing_store(url), url, against)
-    report = _execute_and_judge(
-        suite, url, kind="check", schedule=schedule, baseline_run_id=choice.run_id, strict=strict,
-        allow_variance=False, progress=progress, timings=timings if timings is not None else Timings(),
-        shard=shard, group=_group(shard, group), show_engine_output=show_engine_output,
-        rescore=Rescore(own=True, of_run=choice.run_id) if choice.cross else None,
-    )
+    request = RunRequest(suite, url, "check", schedule or suite.schedule, shard=shard,
+                         labels={"shard_group": _group(shard, group)}, show_engine_output=show_engine_output,
+                         rescore=Rescore(own=True, of_run=choice.run_id) if choice.cross else None)
+    report = execute_and_judge(request, Judging("check", choice.run_id, strict=strict, shard=shard), progress, timings)
     if adopt and report.hardware is not None and shard is None and report.hardware.adoptable and not report.failing:
         adopt_run(open_store(url), report.run_id)
         report.hardware.adopted = True
@@ -273,8 +282,8 @@ def merge(suite: Suite, group: str, *, kind: str = "check", store: Store | str |
         baseline_run_id = (find_baseline(suite, store, url, here=fingerprint["hardware"]).run_id if kind == "check"
                            else None)
         keys = {key for rec in members for key in rec.requests}
-        reports.append(judge_and_finish(store, merged_id, kind=kind, baseline_run_id=baseline_run_id, strict=strict,
-                                        allow_variance=allow_variance, in_scope=keys.__contains__))
+        judging = Judging(kind, baseline_run_id, strict=strict, allow_variance=allow_variance, in_scope=keys.__contains__)
+        reports.append(judge_and_finish(store, merged_id, judging))
     return reports[0] if len(reports) == 1 else combine(reports)
 
 

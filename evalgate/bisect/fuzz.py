@@ -230,10 +230,10 @@ class _Trials:
         self.reference = {p.key: self.engine.generate([p], cache_salt=uuid.uuid4().hex)[0] for p in self.prompts}
 
     def replay(self, trace: Trace, prompts: list[Prompt]) -> dict[str, Completion]:
-        from ..execution.replay import replay_steps
+        from ..execution.replay import Salts, replay_steps
 
         fresh = uuid.uuid4().hex  # cold: no trial reuses another's cache, so a trial replays one schedule
-        return replay_steps(self.engine, trace, prompts, seed=self.seed, cache_salt=fresh, traffic_salt=fresh + "-t",
+        return replay_steps(self.engine, trace, prompts, Salts(fresh, fresh + "-t"), seed=self.seed,
                             step_seconds=self.step_seconds).outputs
 
     def trial(self, label: str, trace: Trace, prompts: list[Prompt], *,

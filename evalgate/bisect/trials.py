@@ -13,13 +13,13 @@ from typing import Any
 
 from ..configuration.schedule import Schedule
 from ..configuration.suite import Suite, load_suite
-from ..execution.runner import Timings
+from ..execution.request import BISECT_KIND, RunRequest
 from ..fingerprint import REDACTED, env_snapshot
 from ..judgement.compare import first_divergence
 from ..records import Completion
 from ..store import RunRecord, Store
 
-RUN_KIND = "bisect"
+RUN_KIND = BISECT_KIND
 
 
 @dataclass(frozen=True)
@@ -61,14 +61,13 @@ def run_trial(suite: Suite, url: str, keys: list[str] | None, *, concurrency: in
     with `env`. Returns the trial's run id and its output per request key."""
     from ..execution.worker import execute_in_worker
 
-    timings = Timings()
     schedule = Schedule(concurrency=(concurrency,), shuffles=0, repeats=1, hot_pass=False)
-    run_id = execute_in_worker(suite, url, kind=RUN_KIND, schedule=schedule, timings=timings, progress=progress, env=env,
-                               keys=tuple(keys) if keys is not None else None)
+    request = RunRequest(suite, url, BISECT_KIND, schedule, keys=tuple(keys) if keys is not None else None, env=env)
+    result = execute_in_worker(request, progress)
     store = _store(url)
-    record = store.load(run_id)
-    store.finish_run(run_id, status="complete", schedule={**record.run.schedule, "timings": dict(timings)})
-    return run_id, {key: outputs[0] for key, outputs in record.outputs.items()}
+    record = store.load(result.run_id)
+    store.finish_run(result.run_id, status="complete", schedule={**record.run.schedule, "timings": dict(result.timings)})
+    return result.run_id, {key: outputs[0] for key, outputs in record.outputs.items()}
 
 
 def _store(url: str) -> Store:

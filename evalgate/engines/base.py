@@ -12,12 +12,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, MutableMapping
+from typing import TYPE_CHECKING, Any, ClassVar, MutableMapping
 
 from ..configuration import config
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..errors import ConfigError
 from ..records import Completion
+
+if TYPE_CHECKING:
+    from ..configuration.suite import Suite
 
 # Platforms whose vLLM build ships the batch-invariant kernels; elsewhere VLLM_BATCH_INVARIANT=1 is never set.
 INVARIANCE_PLATFORMS = ("cuda", "rocm", "xpu")
@@ -55,6 +58,7 @@ class Engine:
     # `step_session`), "timed" (sent at wall-clock offsets: `under_load` with a trace), None (no replay).
     placement: ClassVar[str | None] = None
 
+    suite: Suite  # the suite the engine was started for (its sampling settings: the probes, the bisectors)
     launch_env: dict[str, str]  # allow-listed environment the engine started with (fingerprint `env`)
     tokenizer: Any  # the Hugging Face tokenizer the engine uses (lm-eval requests are tokenized with it)
 
@@ -141,6 +145,17 @@ class Engine:
 
     def step_session(self):
         """A replay's engine loop (evalgate/execution/replay.py StepSession): kinds whose placement is "step"."""
+        raise NotImplementedError
+
+    def replay_timed(self, trace, prompts: list[Prompt], *, seed: int, cache_salt: str | None,
+                     step_seconds: float) -> tuple[list[Completion], dict]:
+        """A wave at its markers' offsets in a wall-clock replay of `trace`, and what the replay did
+        (evalgate/execution/replay.py): kinds whose placement is "timed"."""
+        raise NotImplementedError
+
+    def under_load(self, load, pass_):
+        """A context manager for one pass under `[load]` filler traffic, yielding the dict the filler's figures
+        are written into when the pass ends (evalgate/execution/traffic.py): kinds that `accepts_load`."""
         raise NotImplementedError
 
     def reset_cache(self) -> bool:

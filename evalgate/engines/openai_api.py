@@ -581,11 +581,11 @@ class OpenAIEngine(Engine):
         figures are written into when the pass ends."""
         from contextlib import contextmanager
 
-        from ..configuration.load import Filler
+        from ..execution.traffic import FillerTraffic
 
         @contextmanager
         def loaded():
-            filler = Filler(load, pass_.index, self.send_filler, self.running_requests)
+            filler = FillerTraffic(load, pass_.index, self.send_filler, self.running_requests)
             stats: dict[str, Any] = {}
             self.loop.run(filler.start())
             try:

@@ -53,6 +53,16 @@ class StepSession(Protocol):
         """A finished gated request's output."""
 
 
+@dataclass(frozen=True)
+class Salts:
+    """A wave's prefix-cache salts (None: the engine cannot salt its cache): the recorded requests' (each
+    request its own namespace, `engines.base.request_salt`) and the traffic's (one namespace shared by the
+    trace's events, so a `prefix` event really shares its blocks)."""
+
+    requests: str | None = None
+    traffic: str | None = None
+
+
 @dataclass
 class ReplayResult:
     outputs: dict[str, Completion]
@@ -66,8 +76,8 @@ def replay_stats(trace: Trace, placement: str) -> dict[str, Any]:
             "failed": 0, "stopped": 0, "unsent": 0, "gated_arrivals": []}
 
 
-def replay(engine: Engine, trace: Trace, prompts: list[Prompt], *, seed: int, cache_salt: str | None,
-           traffic_salt: str | None, step_seconds: float) -> tuple[list[Completion], dict[str, Any]]:
+def replay(engine: Engine, trace: Trace, prompts: list[Prompt], salts: Salts, *, seed: int = 0,
+           step_seconds: float = DEFAULT_STEP_SECONDS) -> tuple[list[Completion], dict[str, Any]]:
     """One wave's requests at their places in one replay of `trace`, as the engine places events. Returns
     their outputs in the wave's order and what the replay did. lm-eval scoring requests are prefills with
     nothing to decode among the traffic: they run as a plain wave beside the replay."""
@@ -75,27 +85,26 @@ def replay(engine: Engine, trace: Trace, prompts: list[Prompt], *, seed: int, ca
 
     scored = [p for p in prompts if p.request_type in SCORING_TYPES]
     gated = [p for p in prompts if p.request_type not in SCORING_TYPES]
-    outputs = {c.key: c for c in engine.generate(scored, cache_salt=cache_salt)} if scored else {}
+    outputs = {c.key: c for c in engine.generate(scored, cache_salt=salts.requests)} if scored else {}
     if not gated:
         stats = replay_stats(trace, engine.placement or "none")
     elif engine.placement == EXACT:
-        result = replay_steps(engine, trace, gated, seed=seed, cache_salt=cache_salt, traffic_salt=traffic_salt,
-                              step_seconds=step_seconds)
+        result = replay_steps(engine, trace, gated, salts, seed=seed, step_seconds=step_seconds)
         outputs.update(result.outputs)
         stats = result.stats
     elif engine.placement == TIMED:
-        completions, stats = engine.replay_timed(trace, gated, seed=seed, cache_salt=cache_salt, step_seconds=step_seconds)
+        completions, stats = engine.replay_timed(trace, gated, seed=seed, cache_salt=salts.requests,
+                                                step_seconds=step_seconds)
         outputs.update((c.key, c) for c in completions)
     else:
         raise EngineError(f"the {engine.kind} engine cannot replay a trace")
     return [outputs[p.key] for p in prompts], stats
 
 
-def replay_steps(engine: Engine, trace: Trace, gated: list[Prompt], *, seed: int = 0, cache_salt: str | None = None,
-                 traffic_salt: str | None = None, step_seconds: float = DEFAULT_STEP_SECONDS) -> ReplayResult:
-    """Replay `trace` on an in-process engine with the `gated` requests at their places, step by step.
-    `cache_salt`: the gated requests' (per request, as `generate`'s); `traffic_salt`: the traffic's (one
-    namespace: a `prefix` event really shares its blocks). The replay ends when the last gated request
+def replay_steps(engine: Engine, trace: Trace, gated: list[Prompt], salts: Salts = Salts(), *, seed: int = 0,
+                 step_seconds: float = DEFAULT_STEP_SECONDS) -> ReplayResult:
+    """Replay `trace` on an in-process engine with the `gated` requests at their places, step by step,
+    salted with `salts`. The replay ends when the last gated request
     finishes: nothing later can change its output, so traffic still running is aborted (`stopped`) and
     events not yet due are not sent (`unsent`)."""
     requests = materialize(trace, engine.encode, seed, step_seconds)
@@ -115,12 +124,12 @@ def replay_steps(engine: Engine, trace: Trace, gated: list[Prompt], *, seed: int
             _, _, item = arrivals.pop(0)
             if isinstance(item, TraceRequest):
                 request_id = TRAFFIC_PREFIX + item.id  # never a suite key (the companions' reserved prefix)
-                session.add_traffic(request_id, item, traffic_salt)
+                session.add_traffic(request_id, item, salts.traffic)
                 active[request_id] = (item, step)
                 stats["sent"] += 1
             else:
                 stats["gated_arrivals"].append({"key": item.key, "step": step, "running": session.running()})
-                session.add_gated(item, cache_salt)
+                session.add_gated(item, salts.requests)
         for request_id, (request, arrived) in list(active.items()):
             leave = request.cancel_steps if request.cancel_steps is not None else (
                 None if request.cancel_seconds is None else max(1, round(request.cancel_seconds / step_seconds)))

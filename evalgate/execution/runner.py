@@ -12,45 +12,24 @@ import json
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator
 
 from ..configuration.prompts import SCORING_TYPES
 from ..configuration.schedule import ROTATING, UNKNOWN, Pass, Schedule, in_sample, plan_passes, waves
-from ..configuration.shard import Shard
 from ..configuration.suite import Suite
-from ..configuration.trace import DEFAULT_STEP_SECONDS
 from ..engines import Engine, start_engine
 from ..errors import ConfigError, EngineError, EvalgateError
 from ..fingerprint import build_fingerprint
 from ..records import Completion
 from ..store import Store
 from .probes import Wave, WaveContext, get_probe
-from .replay import replay, total_stats
-from .rescore import Rescore, rescore_run
+from .replay import Salts
+from .request import Progress, RunRequest, Timings
+from .rescore import rescore_run
+from .traffic import Plain, traffic_for
 
-# progress(done, total, label): requests completed across all passes.
-Progress = Callable[[int, int, str], None]
-
-
-class Timings(dict):
-    """Seconds spent per phase (`engine_load`, `inference`, `evalgate`), plus `passes`: per-pass figures
-    (concurrency, requests, output tokens, seconds, wave seconds). Stored with the run; read by benchmarks/."""
-
-    def phases(self) -> dict[str, float]:
-        return {k: v for k, v in self.items() if isinstance(v, float)}
-
-    def add(self, phase: str, seconds: float) -> None:
-        self[phase] = self.get(phase, 0.0) + seconds
-
-    @contextlib.contextmanager
-    def phase(self, phase: str):
-        """Add the time spent in the `with` block to `phase`."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add(phase, time.perf_counter() - t0)
+OnRun = Callable[[int], None]  # called with the run id once the run row exists
 
 
 def tokenize_prompts(suite: Suite, engine: Engine) -> dict[str, list[int]]:
@@ -72,19 +51,17 @@ def tokenize_prompts(suite: Suite, engine: Engine) -> dict[str, list[int]]:
     return prompt_ids
 
 
-def execute_suite(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings: Timings,
-                  progress: Progress | None = None, on_run: Callable[[int], None] | None = None,
-                  labels: dict | None = None, shard: Shard | None = None, keys: tuple[str, ...] | None = None,
-                  rescore: Rescore | None = None) -> int:
+def execute_suite(request: RunRequest, timings: Timings, progress: Progress | None = None,
+                  on_run: OnRun | None = None) -> int:
     """Everything a run does in the engine's process, stage by stage: find the suite's lm-eval tasks
     (before the engine starts: a broken task file costs no engine start), start the engine, build the
-    tasks' requests, keep this `shard`'s requests (or only `keys`, for bisect trials), record every pass
-    (`record_run`), then let lm-eval score the first pass (whole suites only). Returns the run id."""
+    tasks' requests, keep this shard's requests (or only the request's `keys`, for bisect trials), record
+    every pass (`record_run`), then let lm-eval score the first pass (whole suites only). Returns the run id."""
     from ..configuration.shard import select_keys, select_shard
 
     # vLLM's, lm-eval's and datasets' progress bars (read when tqdm is imported): evalgate shows its own.
     os.environ.setdefault("TQDM_DISABLE", "1")
-    prepared = None
+    suite, prepared = request.suite, None
     if suite.lm_eval is not None:
         from ..lmeval.tasks import prepare
 
@@ -99,19 +76,16 @@ def execute_suite(suite: Suite, url: str, *, kind: str, schedule: Schedule, timi
         with timings.phase("lm_eval"):
             tasks = TaskRun(prepared, engine.tokenizer, engine.max_model_len, suite.sampling)
             suite = tasks.build(suite)
-    if shard is not None:
-        suite = select_shard(suite, shard)
-    if keys is not None:
-        suite = select_keys(suite, keys)
-    # Bisect trials run some requests and compare them with other trials: each wave starts from an empty
-    # prefix cache, so an output never depends on which requests happened to run before it.
-    labels = {**(labels or {}), "shard": str(shard) if shard else None}
-    run_id = record_run(suite, url, engine, kind=kind, schedule=schedule, timings=timings, progress=progress,
-                        on_run=on_run, labels=labels, cold_waves=kind == "bisect", rescore=rescore)
-    if tasks is not None and shard is None and keys is None:  # part of a task: its metrics would mislead
+    if request.shard is not None:
+        suite = select_shard(suite, request.shard)
+    if request.keys is not None:
+        suite = select_keys(suite, request.keys)
+    labels = {**request.labels, "shard": str(request.shard) if request.shard else None}
+    run_id = record_run(replace(request, suite=suite, labels=labels), engine, timings, progress, on_run)
+    if tasks is not None and request.whole_suite:  # part of a task: its metrics would mislead
         from ..store import open_store
 
-        store = open_store(url)
+        store = open_store(request.url)
         with incomplete_on_failure(store, run_id, "scoring with lm-eval: "), timings.phase("lm_eval"):
             first_pass = {key: outputs[0] for key, outputs in store.load(run_id).outputs.items()}
             scores, samples = tasks.score(first_pass)
@@ -134,19 +108,25 @@ def incomplete_on_failure(store: Store, run_id: int, context: str = ""):
 
 @dataclass
 class RunPlan:
-    """What a run will do, decided before its run row exists: the requests (tasks built, this shard's),
-    their prompt ids, the identity, the schedule with its rotation turn, the passes (probes' included) and
-    what of it cannot run here. `record_run` executes it; nothing about it changes while the passes run."""
+    """What a run will do, decided before its run row exists: the request (its suite with the tasks built and
+    this shard's requests, its schedule with the rotation turn), the prompt ids, the identity, the passes
+    (probes' included) and what of it cannot run here. `record_run` executes it; nothing about it changes
+    while the passes run."""
 
-    suite: Suite
-    schedule: Schedule
+    request: RunRequest
     prompt_ids: dict[str, list[int]]
     fingerprint: dict
     passes: list[Pass]
     not_run: list[dict]
     salt: str | None  # one per run, so a server that outlives runs never serves a cold pass from an earlier run
-    cold_waves: bool = False  # every wave from an empty prefix cache (bisect trials)
-    rescore: Rescore | None = None  # the rescorings the run records (execution/rescore.py)
+
+    @property
+    def suite(self) -> Suite:
+        return self.request.suite
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.request.schedule
 
     def schedule_record(self) -> dict:
         """The run's stored `schedule`: the knobs, the passes and their conditions, and the judging policy."""
@@ -155,37 +135,37 @@ class RunPlan:
                 "gate": self.suite.gate.to_dict()}  # the judging policy: recorded, never identity
 
 
-def plan_run(suite: Suite, engine: Engine, schedule: Schedule, prompt_ids: dict[str, list[int]], fingerprint: dict, *,
-             cold_waves: bool = False, rescore: Rescore | None = None) -> RunPlan:
+def plan_run(request: RunRequest, engine: Engine, prompt_ids: dict[str, list[int]], fingerprint: dict) -> RunPlan:
     """The plan of a run of these requests (`tokenize_prompts`) on this engine."""
-    passes, not_run = plan_for(schedule, engine, suite, prompt_ids)
+    passes, not_run = plan_for(request.schedule, engine, request.suite, prompt_ids)
     salt = uuid.uuid4().hex[:16] if engine.salts_cache else None
-    return RunPlan(suite, schedule, prompt_ids, fingerprint, passes, not_run, salt, cold_waves, rescore)
+    return RunPlan(request, prompt_ids, fingerprint, passes, not_run, salt)
 
 
-def record_run(suite: Suite, url: str, engine: Engine, *, kind: str, schedule: Schedule, timings: Timings,
-               progress: Progress | None = None, on_run: Callable[[int], None] | None = None,
-               labels: dict | None = None, cold_waves: bool = False, rescore: Rescore | None = None) -> int:
+def record_run(request: RunRequest, engine: Engine, timings: Timings, progress: Progress | None = None,
+               on_run: OnRun | None = None) -> int:
     """Plan the run, create its row, run every pass of the plan and store it; returns the run id (status
-    still `running`). `cold_waves`: reset the engine's prefix cache before each wave (engines that have one).
+    still `running`).
 
     The database is opened only once the engine is up and every prompt fits, so a configuration error
     never leaves a database or a run behind."""
     from ..store import open_store
 
+    suite = request.suite
     with timings.phase("evalgate"):
         prompt_ids = tokenize_prompts(suite, engine)  # a prompt that does not fit: ConfigError, nothing stored
         fingerprint = build_fingerprint(suite, engine)
-        store = open_store(url)
-        if schedule.preset == ROTATING:
-            schedule = replace(schedule, turn=rotation_turn(store, suite.name))
-        plan = plan_run(suite, engine, schedule, prompt_ids, fingerprint, cold_waves=cold_waves, rescore=rescore)
+        store = open_store(request.url)
+        if request.schedule.preset == ROTATING:
+            request = replace(request, schedule=replace(request.schedule, turn=rotation_turn(store, suite.name)))
+        plan = plan_run(request, engine, prompt_ids, fingerprint)
         record = plan.schedule_record()
-        run_id = store.create_run(suite, kind, record, plan.fingerprint, plan.prompt_ids, **(labels or {}))
+        run_id = store.create_run(suite, request.kind, record, plan.fingerprint, plan.prompt_ids, **request.labels)
     if on_run:
         on_run(run_id)
     with incomplete_on_failure(store, run_id):
-        dropped = _run_passes(plan, store, engine, run_id, timings, progress)
+        recording = Recording(plan, store, run_id, engine, timings, progress)
+        dropped = recording.run()
         if dropped:  # planned, but could not run after all: not a pass to judge, a reason to report
             gone = {p.index for p, _ in dropped if p is not None}
             record["passes"] = [p for p in record["passes"] if p["index"] not in gone]
@@ -263,98 +243,113 @@ def probe_engine(suite: Suite, current: Engine, pass_: Pass, timings: Timings) -
         return start_engine(replace(suite, engine_args={**suite.engine_args, **json.loads(pass_.engine_args)}))
 
 
-def _run_passes(plan: RunPlan, store: Store, engine: Engine, run_id: int, timings: Timings,
-                progress: Progress | None) -> list[tuple[Pass | None, str]]:
-    """Every pass of the plan, stored pass by pass, and the run's rescorings (execution/rescore.py). Returns
-    what could not run after all, with the reason (a probe whose own engine did not start, or whose engine
-    never preempted; None: the rescoring)."""
-    suite, schedule, passes, prompt_ids, salt = plan.suite, plan.schedule, plan.passes, plan.prompt_ids, plan.salt
-    dropped: list[tuple[Pass | None, str]] = []
-    by_key = {p.key: p for p in suite.prompts}
-    keys = [p.key for p in suite.prompts]
-    total = sum(len(keys) if p.sample is None else sum(in_sample(k, p.sample) for k in keys) for p in passes)
-    done = 0
-    load = schedule.load
-    run_trace = load.load_trace() if load is not None and load.trace else None  # read once for every loaded pass
-    first_pass: dict[str, Completion] = {}
+Dropped = list[tuple[Pass | None, str]]  # what could not run after all, with the reason (None: the rescoring)
 
-    rescore = plan.rescore
 
-    def rescore_once() -> None:  # on the suite's own engine, before a probe's replaces it
-        nonlocal rescore
-        if rescore is not None:
-            try:
-                with timings.phase("rescore"):
-                    rescore_run(rescore, engine, store, run_id, plan.prompt_ids, first_pass, plan.salt)
-            except EngineError as exc:  # the run stands; judging it across hardware then lacks the envelope
-                dropped.append((None, f"the engine could not score the tokens: {exc.message}"))
-            rescore = None
+@dataclass
+class Recording:
+    """A plan being executed: the engine it runs on now (a probe may start its own), where it stores, and
+    how far it got. `run` reads straight down; each step is one method."""
 
-    for pass_ in passes:
-        probe = get_probe(pass_.probe) if pass_.probe else None
-        if pass_.engine_args:
-            rescore_once()
-            try:
-                engine = probe_engine(suite, engine, pass_, timings)
-            except EvalgateError as exc:
-                dropped.append((pass_, f"its engine ({pass_.engine_args}) did not start: {exc.message}"))
+    plan: RunPlan
+    store: Store
+    run_id: int
+    engine: Engine
+    timings: Timings
+    progress: Progress | None = None
+    dropped: Dropped = field(default_factory=list)
+    first_pass: dict[str, Completion] = field(default_factory=dict)
+    done: int = 0
+    total: int = 0
+    rescored: bool = False
+
+    def run(self) -> Dropped:
+        """Every pass of the plan, stored pass by pass, and the run's rescorings (execution/rescore.py)."""
+        load = self.plan.schedule.load
+        trace = load.load_trace() if load is not None and load.trace else None  # read once for every loaded pass
+        keys = [p.key for p in self.plan.suite.prompts]
+        self.total = sum(len(keys) if p.sample is None else sum(in_sample(k, p.sample) for k in keys)
+                         for p in self.plan.passes)
+        for pass_ in self.plan.passes:
+            if pass_.engine_args and not self.switch_engine(pass_):
                 continue
-        before = probe.before(engine) if probe else None
-        pass_outputs = []
-        wave_seconds: list[float] = []
-        # [load]: a server engine keeps filler traffic running through this pass (evalgate/configuration/load.py),
-        # or each wave runs inside one replay of the trace (evalgate/execution/replay.py)
-        loaded = load is not None and load.applies(pass_.concurrency) and not pass_.probe
-        trace = run_trace if loaded else None
-        replays: list[dict] = []
-        filler = loaded and trace is None
-        with (engine.under_load(load, pass_) if filler else contextlib.nullcontext({})) as load_stats:
-            context = WaveContext(schedule, engine, by_key, prompt_ids, first_pass)
-            for wave_index, wave in enumerate(pass_waves(pass_, keys, context)):
-                if plan.cold_waves:
-                    engine.reset_cache()
-                t0 = time.perf_counter()
-                cache_salt = f"{salt}-{pass_.salt_of}" if salt else None
-                if wave.trace is not None or trace is not None:
-                    # the traffic runs cold in each replay, so every replay is the same schedule
-                    completions, stats = replay(
-                        engine, wave.trace or trace, wave.prompts, seed=load.seed if load else schedule.seed,
-                        cache_salt=cache_salt, traffic_salt=f"{salt}-{pass_.index}-{wave_index}-trace" if salt else None,
-                        step_seconds=load.step_seconds if load else DEFAULT_STEP_SECONDS)
-                    replays.append(stats)
-                else:
-                    completions = (engine.generate(wave.prompts, cache_salt=cache_salt) if salt
-                                   else engine.generate(wave.prompts))
-                wave_seconds.append(time.perf_counter() - t0)
-                timings.add("inference", wave_seconds[-1])
-                if len(completions) != len(wave.prompts):
-                    raise EngineError(f"engine returned {len(completions)} outputs for {len(wave.prompts)} requests")
-                for position, completion in enumerate(completions):
-                    completion.pass_index, completion.concurrency = pass_.index, pass_.concurrency
-                    completion.wave, completion.position = wave_index, position
-                recorded = [c for c, keep in zip(completions, wave.recorded) if keep]  # companions are not stored
-                pass_outputs.extend(recorded)
-                done += len(recorded)
-                if progress:
-                    progress(min(done, total), total, pass_.label)
-        if replays:
-            load_stats = total_stats(replays)
-        if pass_.index == 0:
-            first_pass = {c.key: c for c in pass_outputs}
-        proof, unproven = probe.proof(engine, before, pass_outputs) if probe else ({}, None)
-        if unproven:
-            dropped.append((pass_, unproven))
-        # Per-pass throughput figures (read by `evalgate cost` and benchmarks/); a wave's time is the latency
-        # of each of its requests, since a wave is submitted and returns together.
-        timings.setdefault("passes", []).append({
-            "index": pass_.index, "concurrency": pass_.concurrency, "cache": pass_.cache, "probe": pass_.probe,
-            "requests": len(pass_outputs),
-            "output_tokens": sum(len(c.output_ids) for c in pass_outputs),
-            "seconds": sum(wave_seconds), "wave_seconds": wave_seconds, **({"load": load_stats} if loaded or replays else {}),
-            **proof,
-        })
+            probe = get_probe(pass_.probe) if pass_.probe else None
+            before = probe.before(self.engine) if probe else None
+            traffic = traffic_for(pass_, self.plan.schedule, trace)
+            outputs: list[Completion] = []
+            wave_seconds: list[float] = []
+            with traffic.during(self.engine, pass_):
+                for index, wave in enumerate(pass_waves(pass_, keys, self.wave_context())):
+                    recorded, seconds = self.submit(pass_, index, wave, traffic)
+                    outputs += recorded
+                    wave_seconds.append(seconds)
+            if pass_.index == 0:
+                self.first_pass = {c.key: c for c in outputs}
+            proof, unproven = probe.proof(self.engine, before, outputs) if probe else ({}, None)
+            if unproven:
+                self.dropped.append((pass_, unproven))
+            self.store_pass(pass_, outputs, wave_seconds, {**proof, **_load_record(traffic.pass_stats())})
+        self.rescore_once()
+        return self.dropped
+
+    def wave_context(self) -> WaveContext:
+        by_key = {p.key: p for p in self.plan.suite.prompts}
+        return WaveContext(self.plan.schedule, self.engine, by_key, self.plan.prompt_ids, self.first_pass)
+
+    def switch_engine(self, pass_: Pass) -> bool:
+        """Start a probe's own engine (rescoring on the suite's first): whether it started."""
+        self.rescore_once()
+        try:
+            self.engine = probe_engine(self.plan.suite, self.engine, pass_, self.timings)
+        except EvalgateError as exc:
+            self.dropped.append((pass_, f"its engine ({pass_.engine_args}) did not start: {exc.message}"))
+            return False
+        return True
+
+    def submit(self, pass_: Pass, index: int, wave: Wave, traffic: Plain) -> tuple[list[Completion], float]:
+        """One wave through the pass's traffic: its recorded requests' outputs, placed in the pass, and the
+        wave's seconds."""
+        if self.plan.request.cold_waves:
+            self.engine.reset_cache()
+        salt = self.plan.salt
+        salts = Salts(f"{salt}-{pass_.salt_of}", f"{salt}-{pass_.index}-{index}-trace") if salt else Salts()
         t0 = time.perf_counter()
-        store.add_outputs(run_id, pass_outputs)
-        timings.add("evalgate", time.perf_counter() - t0)
-    rescore_once()
-    return dropped
+        completions, _ = traffic.run(self.engine, wave, salts)
+        seconds = time.perf_counter() - t0
+        self.timings.add("inference", seconds)
+        if len(completions) != len(wave.prompts):
+            raise EngineError(f"engine returned {len(completions)} outputs for {len(wave.prompts)} requests")
+        for position, completion in enumerate(completions):
+            completion.pass_index, completion.concurrency = pass_.index, pass_.concurrency
+            completion.wave, completion.position = index, position
+        recorded = [c for c, keep in zip(completions, wave.recorded) if keep]  # companions are not stored
+        self.done += len(recorded)
+        if self.progress:
+            self.progress(min(self.done, self.total), self.total, pass_.label)
+        return recorded, seconds
+
+    def store_pass(self, pass_: Pass, outputs: list[Completion], wave_seconds: list[float], extra: dict) -> None:
+        """The pass's outputs, and its throughput figures (read by `evalgate cost` and benchmarks/); a wave's
+        time is the latency of each of its requests, since a wave is submitted and returns together."""
+        self.timings.setdefault("passes", []).append({
+            "index": pass_.index, "concurrency": pass_.concurrency, "cache": pass_.cache, "probe": pass_.probe,
+            "requests": len(outputs), "output_tokens": sum(len(c.output_ids) for c in outputs),
+            "seconds": sum(wave_seconds), "wave_seconds": wave_seconds, **extra})
+        with self.timings.phase("evalgate"):
+            self.store.add_outputs(self.run_id, outputs)
+
+    def rescore_once(self) -> None:
+        """The run's rescorings, once, on the suite's own engine (before a probe's replaces it)."""
+        rescore = self.plan.request.rescore
+        if rescore is None or self.rescored:
+            return
+        self.rescored = True
+        try:
+            with self.timings.phase("rescore"):
+                rescore_run(rescore, self.engine, self.store, self.run_id, self.plan, self.first_pass)
+        except EngineError as exc:  # the run stands; judging it across hardware then lacks the envelope
+            self.dropped.append((None, f"the engine could not score the tokens: {exc.message}"))
+
+
+def _load_record(stats: dict | None) -> dict:
+    return {"load": stats} if stats is not None else {}

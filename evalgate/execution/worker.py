@@ -30,40 +30,34 @@ import queue as queue_module
 import signal
 import sys
 import time
+from dataclasses import replace
 from itertools import count
 from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
 
-from ..configuration.schedule import Schedule
-from ..configuration.shard import Shard
-from ..configuration.suite import Suite
 from ..errors import ConfigError, EngineError, EvalgateError, error_for_exit_code
 from .processes import current_owner, set_parent_death_signal
-from .rescore import Rescore
-from .runner import Progress, Timings, execute_suite
+from .request import Progress, RunRequest, RunResult, Timings
+from .runner import execute_suite
+
+if TYPE_CHECKING:
+    from ..configuration.suite import Suite
 
 GRACE_SECONDS = 60  # how long an interrupted child may take to mark its run incomplete
 INLINE_ENV = "EVALGATE_INLINE_ENGINE"
 _log_numbers = count(1)
 
 
-def execute_in_worker(suite: Suite, url: str, *, kind: str, schedule: Schedule, timings: Timings,
-                      progress: Progress | None = None, labels: dict | None = None, shard: Shard | None = None,
-                      env: dict[str, str | None] | None = None, keys: tuple[str, ...] | None = None,
-                      show_engine_output: bool = False, rescore: Rescore | None = None) -> int:
-    """Execute the suite in a child process; return the run id (status still `running`). `env`: variables
-    set in the child's environment only (None unsets one), before the engine is imported (e.g. per
-    `evalgate cost` candidate or bisect trial). `keys`: run only these requests (bisect trials). The run
-    is owned by this process (`runs list` calls it abandoned if this process dies before finishing it).
-    The engine's output goes to `engine_log_path` unless `show_engine_output`. `rescore`: the rescorings
-    the run records (execution/rescore.py)."""
-    engine_log = None if show_engine_output or inline() else engine_log_path(suite, kind)
-    labels = {**(labels or {}), "owner": current_owner(),
+def execute_in_worker(request: RunRequest, progress: Progress | None = None) -> RunResult:
+    """Execute the run request in a child process, with its `env` set there before the engine is imported;
+    return its run id (status still `running`) and timings. The run is owned by this process (`runs list`
+    calls it abandoned if this process dies before finishing it). The engine's output goes to
+    `engine_log_path` unless the request shows it."""
+    engine_log = None if request.show_engine_output or inline() else engine_log_path(request.suite, request.kind)
+    labels = {**request.labels, "owner": current_owner(),
               "engine_log": str(engine_log) if engine_log is not None else None}
-    result = call_in_worker(_execute_job, dict(suite=suite, url=url, kind=kind, schedule=schedule, labels=labels,
-                                               shard=shard, keys=keys, rescore=rescore), url=url, progress=progress, env=env,
-                            engine_log=engine_log)
-    timings.update(result["timings"])
-    return result["run_id"]
+    return call_in_worker(_execute_job, {"request": replace(request, labels=labels)}, url=request.url,
+                          progress=progress, env=request.env, engine_log=engine_log)
 
 
 def engine_log_path(suite: Suite, kind: str) -> Path:
@@ -81,15 +75,14 @@ def log_tail(path: Path | None, lines: int = 30) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def _execute_job(*, suite, url, kind, schedule, labels, shard, keys, progress, on_run, rescore=None) -> dict:
+def _execute_job(*, request: RunRequest, progress: Progress, on_run) -> RunResult:
     timings = Timings()
-    run_id = execute_suite(suite, url, kind=kind, schedule=schedule, timings=timings, progress=progress,
-                           on_run=on_run, labels=labels, shard=shard, keys=keys, rescore=rescore)
-    return {"run_id": run_id, "timings": dict(timings)}
+    run_id = execute_suite(request, timings, progress, on_run)
+    return RunResult(run_id, timings)
 
 
 def call_in_worker(job, kwargs: dict, *, url: str | None = None, progress: Progress | None = None,
-                   env: dict[str, str | None] | None = None, engine_log: Path | None = None):
+                   env: Mapping[str, str | None] | None = None, engine_log: Path | None = None):
     """Call the module-level function `job(**kwargs, progress=, on_run=)` in a fresh child process and
     return its (picklable) result. A run the job announces through `on_run(run_id)` is marked incomplete
     in `url`'s store if the job fails or is interrupted. An error raised here carries `engine_log`."""
@@ -167,7 +160,7 @@ def inline() -> bool:
 
 
 def _call_inline(job, kwargs: dict, *, url: str | None, progress: Progress | None,
-                 env: dict[str, str | None] | None):
+                 env: Mapping[str, str | None] | None):
     """`call_in_worker` without the child: the job's variables are set for its duration only."""
     saved = {name: os.environ.get(name) for name in env or {}}
     run_ids: list[int] = []
@@ -187,7 +180,7 @@ def _call_inline(job, kwargs: dict, *, url: str | None, progress: Progress | Non
         _apply_env(saved)
 
 
-def _apply_env(env: dict[str, str | None] | None) -> None:
+def _apply_env(env: Mapping[str, str | None] | None) -> None:
     for name, value in (env or {}).items():
         if value is None:
             os.environ.pop(name, None)
@@ -214,7 +207,7 @@ def _exit_reason(code: int | None) -> str:
     return f"exit status {code}"
 
 
-def _child_main(job, kwargs: dict, messages, env: dict[str, str | None] | None = None,
+def _child_main(job, kwargs: dict, messages, env: Mapping[str, str | None] | None = None,
                 engine_log: Path | None = None) -> None:
     set_parent_death_signal()  # SIGTERM, handled below like a cancel: the run is marked interrupted
     if engine_log is not None:

@@ -116,7 +116,7 @@ def synthetic_runs(store_url: str) -> None:
                                               position=position % p.concurrency, cached_tokens=3 if p.cache == "hot" else 0,
                                               **o))
             store.add_outputs(run_id, completions)
-        gate.judge_and_finish(store, run_id, kind=kind, baseline_run_id=baseline, **judge)
+        gate.judge_and_finish(store, run_id, gate.Judging(kind, baseline, **judge))
         return run_id
 
     # a baseline whose k02 varies with the batch (a token) and k05 in one bit in its hot pass
