@@ -20,7 +20,7 @@ import random
 from dataclasses import replace
 from typing import Callable
 
-from ..configuration.trace import Event, Trace
+from ..configuration.trace import Event, Trace, gated_places
 
 Mutation = Callable[[Trace, random.Random, "Shape"], Trace]
 
@@ -41,11 +41,9 @@ class Shape:
 
 
 def gated_step(trace: Trace) -> int:
-    markers = [e for e in trace.events if e.gated]
-    if markers:
-        return int(markers[0].offset)
-    traffic = trace.traffic
-    return int((traffic[0].offset + traffic[-1].offset) // 2)
+    """The step the (first) gated request arrives at: the replay's own rule (`gated_places`), so a mutation
+    lands where a replay of the mutated trace will put the gated requests."""
+    return gated_places(trace, 1)[0][0]
 
 
 def _new_id(trace: Trace, stem: str) -> str:

@@ -49,7 +49,7 @@ class Schedule:
     seed: int = 0
     load: Load | None = None  # [load]: filler traffic for server engines (evalgate/configuration/load.py)
     hot_pass: bool = True  # one pass repeating pass 0 with the prefix cache warm
-    probes: tuple[str, ...] = ()  # targeted passes (evalgate/execution/probes/)
+    probes: tuple[str, ...] = ()  # targeted passes (evalgate/probes/)
     needle_batch: int = 64  # the needle probe: fillers per wave
     needle_filler_tokens: int = 0  # the needle probe: tokens per filler; 0: half of max_model_len, at most 2048
     preset: str = FULL  # full | rotating (the module docstring)
@@ -67,7 +67,7 @@ class Pass:
     reference: int | None = None  # the pass this one differs from in `factor` only
     factor: str | None = None  # None with a reference: unattributed (a run recorded before conditions)
     salt_of: int | None = None  # whose cache salts the requests carry (a hot pass: its reference's)
-    probe: str | None = None  # the probe that added this pass (evalgate/execution/probes/)
+    probe: str | None = None  # the probe that added this pass (evalgate/probes/)
     engine_args: str | None = None  # a probe's own engine: its settings over the suite's, as canonical JSON
     sample: str | None = None  # "slot/rotation": only the requests of that rotation slot (rotating preset)
     traffic: str | None = None  # the trace a loaded pass ran inside ([load] trace): its content digest

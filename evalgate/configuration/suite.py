@@ -141,8 +141,8 @@ def find_suite(path: str | Path | None = None) -> Path:
 
 
 def parse_probes(value, where: str, sec: str) -> tuple[str, ...]:
-    """`probes = ["needle", "prefill_decode"]` or a preset name (`probes = "vllm"`): evalgate/execution/probes/."""
-    from ..execution.probes import PRESETS, probe_names
+    """`probes = ["needle", "prefill_decode"]` or a preset name (`probes = "vllm"`): evalgate/probes/."""
+    from ..probes import PRESETS, probe_names
 
     known = probe_names()
 

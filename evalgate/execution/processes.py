@@ -1,4 +1,4 @@
-"""Processes evalgate supervises: who owns a run, process trees and groups, parent-death signals.
+"""Processes evalgate supervises: process trees and groups, parent-death signals (who owns a run: owners.py).
 
 psutil does the walking on every OS; the one Linux-only figure is a process's peak RSS (VmHWM), which
 psutil does not expose, read from /proc where it exists (the current RSS elsewhere).
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 
 import psutil
@@ -26,27 +25,6 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
     except (OSError, AttributeError):
-        return False
-
-
-# --- the owner of a run ----------------------------------------------------------------------------------
-
-
-def current_owner() -> dict:
-    """This process as a run's owner: host, pid and start time (a pid alone can be reused)."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()}
-
-
-def owner_alive(owner: dict | None) -> bool | None:
-    """Whether the process that owns a run is still running: None when that cannot be told from here
-    (no owner recorded, or it runs on another host)."""
-    if not owner or owner.get("host") != socket.gethostname() or owner.get("pid") is None:
-        return None
-    try:
-        process = psutil.Process(int(owner["pid"]))
-        alive = process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-        return alive and abs(process.create_time() - float(owner.get("started") or 0)) < 1.0
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
         return False
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..configuration.trace import DEFAULT_STEP_SECONDS, Trace, TraceRequest, gated_places, materialize
 from ..errors import EngineError
-from .probes.base import COMPANION_PREFIX
+from ..probes.base import COMPANION_PREFIX
 
 if TYPE_CHECKING:
     from ..configuration.prompts import Prompt

@@ -21,9 +21,9 @@ from ..configuration.suite import Suite
 from ..engines import Engine, start_engine
 from ..errors import ConfigError, EngineError, EvalgateError
 from ..fingerprint import build_fingerprint
+from ..probes import Wave, WaveContext, get_probe
 from ..records import Completion
 from ..store import Store
-from .probes import Wave, WaveContext, get_probe
 from .replay import Salts
 from .request import Progress, RunRequest, Timings
 from .rescore import rescore_run
@@ -199,7 +199,7 @@ def plan_for(schedule: Schedule, engine: Engine, suite: Suite,
              prompt_ids: dict[str, list[int]]) -> tuple[list[Pass], list[dict]]:
     """The schedule's passes on this engine, its probes' passes, and what of it cannot run here (with the
     reason: never reported as passed)."""
-    from .probes import PlanContext, plan_probes
+    from ..probes import PlanContext, plan_probes
 
     not_run = []
     if not engine.salts_cache:
@@ -227,7 +227,7 @@ def plan_for(schedule: Schedule, engine: Engine, suite: Suite,
 
 
 def pass_waves(pass_: Pass, keys: list[str], context: WaveContext) -> Iterator[Wave]:
-    """The waves of a pass: the schedule's (every request recorded), or a probe's (execution/probes/)."""
+    """The waves of a pass: the schedule's (every request recorded), or a probe's (probes/)."""
     if pass_.probe:
         yield from get_probe(pass_.probe).waves(pass_, keys, context)
         return

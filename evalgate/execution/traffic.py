@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from ..configuration.load import Load
     from ..configuration.schedule import Pass, Schedule
     from ..engines import Engine
+    from ..probes import Wave
     from ..records import Completion
-    from .probes import Wave
 
 
 class Plain:

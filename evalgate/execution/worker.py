@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from ..errors import ConfigError, EngineError, EvalgateError, error_for_exit_code
-from .processes import current_owner, set_parent_death_signal
+from ..owners import current_owner
+from .processes import set_parent_death_signal
 from .request import Progress, RunRequest, RunResult, Timings
 from .runner import execute_suite
 

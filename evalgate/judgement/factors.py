@@ -3,7 +3,7 @@
 Each pass of a run differs from its reference pass in exactly one factor (evalgate/configuration/schedule.py),
 so a difference between the two is attributed to that factor. For each factor: how people read it, and the
 settings that remove it (named in reports, measured by `evalgate cost`). The schedule's own factors are
-here; a probe that introduces a factor of its own carries its words and remedy (execution/probes/).
+here; a probe that introduces a factor of its own carries its words and remedy (probes/).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import cache
 
 from ..configuration.schedule import RENAMED_FACTORS, Pass
-from ..execution.probes import get_probe, probe_names
+from ..probes import get_probe, probe_names
 
 BATCH_REMEDY = "batch invariance (batch_invariant = true on CUDA/ROCm/XPU) or engine.max_num_seqs = 1"
 

@@ -57,7 +57,7 @@ def baseline_rows(url: str, suite_name: str | None = None) -> list[dict]:
 def shown_status(status: str, owner: dict | None) -> str:
     """A run's status for people: `abandoned` for a `running` run whose owner process is gone."""
     if status == "running":
-        from ..execution.processes import owner_alive
+        from ..owners import owner_alive
 
         if owner_alive(owner) is False:
             return "abandoned"

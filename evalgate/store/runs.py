@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from ..collector import collector_paused
 from ..errors import ConfigError
-from ..execution.processes import current_owner
 from ..fingerprint import fingerprint_hash
+from ..owners import current_owner
 from ..records import Completion, EncodedPass, encode_pass, pack_ids
 from .base import StoreBase
 from .listing import shown_status

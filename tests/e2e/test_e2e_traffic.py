@@ -63,7 +63,7 @@ def test_the_cancel_probe_names_the_abort_path_only_where_plain_vllm_shows_it(cl
     from variance import run_plain_vllm
 
     from evalgate.configuration.trace import materialize
-    from evalgate.execution.probes.cancel import cancel_trace
+    from evalgate.probes.cancel import cancel_trace
 
     source = variance_source
     suite = source.suite(tmp_path / "ws", concurrency=(1,), shuffles=0, hot_pass=False,

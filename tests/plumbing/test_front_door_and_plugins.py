@@ -13,8 +13,8 @@ from helpers import database_url, db_query, read_json, write_suite
 
 from evalgate import registry
 from evalgate.configuration.schedule import Pass
-from evalgate.execution.probes import Probe, get_probe
 from evalgate.judgement.factors import factor_table
+from evalgate.probes import Probe, get_probe
 
 
 class Solo(Probe):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from importlib import metadata
 
 import pytest
@@ -103,3 +104,19 @@ def test_fake_keys_are_checked(tmp_path, tiny_model):
     suite = write_suite(tmp_path, tiny_model, ["hi"], kind="fake", extra_engine="fake_vary_with_batch = [1]")
     with pytest.raises(ConfigError, match="fake_vary_with_batch"):
         load_suite(suite)
+
+
+def test_a_fuzz_mutation_and_a_replay_place_the_gated_request_on_the_same_step(fake_suite):
+    """One gated-arrival rule (trace.gated_places): without markers, the first event at or after the middle
+    of the trace. The mutations aim at that step (mutate.gated_step), and a replay puts the gated request there."""
+    from evalgate.bisect.mutate import gated_step
+    from evalgate.configuration.trace import parse_trace
+    from evalgate.execution.replay import replay_steps
+
+    # the middle (step 5) is no event: the rule places the gated request at step 10, not 5
+    trace = parse_trace([json.dumps(e) for e in ({"step": 0, "tokens": 4, "max_tokens": 2},
+                                                 {"step": 4, "tokens": 4, "max_tokens": 2},
+                                                 {"step": 10, "tokens": 4, "max_tokens": 2})], "t")
+    suite = fake_suite()
+    replayed = replay_steps(FakeEngine(suite), trace, suite.prompts[:1])
+    assert [a["step"] for a in replayed.stats["gated_arrivals"]] == [gated_step(trace)] == [10]

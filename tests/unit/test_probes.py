@@ -1,12 +1,12 @@
-"""The probe registry: a built-in probe is one module of evalgate/execution/probes/, found by its name."""
+"""The probe registry: a built-in probe is one module of evalgate/probes/, found by its name."""
 
 from __future__ import annotations
 
 import pytest
 
 from evalgate.configuration.schedule import HOT, Pass, Schedule, plan_passes
-from evalgate.execution.probes import BUILTIN_PROBES, PRESETS, PlanContext, Probe, get_probe, plan_probes, probe_names
 from evalgate.judgement.factors import SCHEDULE_FACTORS, comparison_label, factor_table, is_batch_factor, remedy, words
+from evalgate.probes import BUILTIN_PROBES, PRESETS, PlanContext, Probe, get_probe, plan_probes, probe_names
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN_PROBES))
@@ -83,7 +83,7 @@ def test_every_probe_pass_differs_from_its_reference_in_one_recorded_condition(n
 
 def test_the_cancel_probes_control_is_its_treatment_with_neighbours_finishing_instead_of_aborted():
     from evalgate.configuration.trace import materialize
-    from evalgate.execution.probes.cancel import CANCELLED, cancel_trace
+    from evalgate.probes.cancel import CANCELLED, cancel_trace
 
     def encode(text: str) -> list[int]:
         return [len(word) for word in text.split()]

@@ -448,7 +448,7 @@ def test_a_running_run_whose_owner_is_gone_is_abandoned(db_url, suite):
     import socket
     import subprocess
 
-    from evalgate.execution.processes import current_owner
+    from evalgate.owners import current_owner
     from evalgate.store import display_status
 
     store = Store(db_url)

@@ -11,7 +11,7 @@ import random
 from dataclasses import replace
 from typing import Iterator
 
-from ...configuration.prompts import Prompt
+from ..configuration.prompts import Prompt
 from .base import COMPANION_PREFIX, AddPass, PlanContext, Probe, Wave, WaveContext
 
 MAX_FILLER_TOKENS = 2048
@@ -68,4 +68,4 @@ def needle_fillers(context: WaveContext) -> list[Prompt]:
     return fillers
 
 
-PROBE = Needle  # the registry finds a built-in probe by its module name (evalgate/execution/probes/__init__.py)
+PROBE = Needle  # the registry finds a built-in probe by its module name (evalgate/probes/__init__.py)

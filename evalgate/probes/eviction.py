@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ...configuration.prompts import SCORING_TYPES, Prompt
+from ..configuration.prompts import SCORING_TYPES, Prompt
 from .base import COMPANION_PREFIX, AddPass, PlanContext, Probe, Wave, WaveContext
 from .needle import needle_unit
 
@@ -71,4 +71,4 @@ class Eviction(Probe):
         return figures, None
 
 
-PROBE = Eviction  # the registry finds a built-in probe by its module name (evalgate/execution/probes/__init__.py)
+PROBE = Eviction  # the registry finds a built-in probe by its module name (evalgate/probes/__init__.py)

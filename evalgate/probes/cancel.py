@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ...configuration.prompts import SCORING_TYPES
-from ...configuration.trace import Event, Trace
+from ..configuration.prompts import SCORING_TYPES
+from ..configuration.trace import Event, Trace
 from .base import AddPass, PlanContext, Probe, Wave, WaveContext
 
 CANCELLED = 4  # neighbours per request
@@ -76,4 +76,4 @@ def cancel_trace(max_tokens: int, max_model_len: int, *, aborted: bool = True) -
     return Trace(tuple(events), "step", "cancel probe" if aborted else "cancel probe's control")
 
 
-PROBE = Cancel  # the registry finds a built-in probe by its module name (evalgate/execution/probes/__init__.py)
+PROBE = Cancel  # the registry finds a built-in probe by its module name (evalgate/probes/__init__.py)

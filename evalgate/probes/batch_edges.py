@@ -32,4 +32,4 @@ class BatchEdges(Probe):
         return f"batch size {reference.concurrency}→{other.concurrency} (batch edge)"
 
 
-PROBE = BatchEdges  # the registry finds a built-in probe by its module name (evalgate/execution/probes/__init__.py)
+PROBE = BatchEdges  # the registry finds a built-in probe by its module name (evalgate/probes/__init__.py)

@@ -29,4 +29,4 @@ class ChunkedPrefill(Probe):
         return f"chunked prefill: unchunked→chunked ({other.engine_args})"
 
 
-PROBE = ChunkedPrefill  # the registry finds a built-in probe by its module name (evalgate/execution/probes/__init__.py)
+PROBE = ChunkedPrefill  # the registry finds a built-in probe by its module name (evalgate/probes/__init__.py)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ...configuration.prompts import SCORING_TYPES, Prompt
+from ..configuration.prompts import SCORING_TYPES, Prompt
 from .base import AddPass, PlanContext, Probe, Wave, WaveContext
 
 
@@ -40,4 +40,4 @@ def rescoring(prompt: Prompt, prompt_ids: list[int], output_ids: list[int]) -> P
                   segments=((tuple(prompt_ids), tuple(output_ids)),), continuation="", location=prompt.location)
 
 
-PROBE = PrefillDecode  # the registry finds a built-in probe by its module name (evalgate/execution/probes/__init__.py)
+PROBE = PrefillDecode  # the registry finds a built-in probe by its module name (evalgate/probes/__init__.py)

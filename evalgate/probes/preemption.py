@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...configuration.schedule import HOT
+from ..configuration.schedule import HOT
 from .base import AddPass, PlanContext, Probe
 
 
@@ -45,4 +45,4 @@ class Preemption(Probe):
                                               "the engine does not report preemptions, so preemption is unproven")
 
 
-PROBE = Preemption  # the registry finds a built-in probe by its module name (evalgate/execution/probes/__init__.py)
+PROBE = Preemption  # the registry finds a built-in probe by its module name (evalgate/probes/__init__.py)

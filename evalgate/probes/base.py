@@ -33,13 +33,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
-from ...configuration.prompts import Prompt
-from ...configuration.schedule import Pass, Schedule
-from ...configuration.trace import Trace
+from ..configuration.prompts import Prompt
+from ..configuration.schedule import Pass, Schedule
+from ..configuration.trace import Trace
 
 if TYPE_CHECKING:
-    from ...engines import Engine
-    from ...records import Completion
+    from ..engines import Engine
+    from ..records import Completion
 
 COMPANION_PREFIX = "evalgate-companion:"  # fillers' keys (never stored; their cache salts are their own)
 

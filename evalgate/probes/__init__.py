@@ -17,8 +17,8 @@ import pkgutil
 from dataclasses import replace
 from functools import cache
 
-from ...configuration.schedule import Pass
-from ...registry import Registry
+from ..configuration.schedule import Pass
+from ..registry import Registry
 from .base import COMPANION_PREFIX, PlanContext, Probe, Wave, WaveContext
 
 # vLLM's determinism scenarios, in the order their passes are planned (own engines last in any case)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ...configuration.prompts import SCORING_TYPES, Prompt
-from ...configuration.schedule import HOT
+from ..configuration.prompts import SCORING_TYPES, Prompt
+from ..configuration.schedule import HOT
 from .base import AddPass, PlanContext, Probe, Wave, WaveContext
 
 
@@ -35,4 +35,4 @@ class PrefixCache(Probe):
         return "prefix cache cold→half the prompt cached (prefix_cache probe)"
 
 
-PROBE = PrefixCache  # the registry finds a built-in probe by its module name (evalgate/execution/probes/__init__.py)
+PROBE = PrefixCache  # the registry finds a built-in probe by its module name (evalgate/probes/__init__.py)
