@@ -110,13 +110,41 @@ def judge_and_finish(store: Store, run_id: int, judging: Judging, timings: Timin
         store.finish_run(
             run_id, status="complete", verdict=report.status, exit_code=int(report.exit_code),
             summary=report.counts, verdicts=[v.to_dict() for v in report.verdicts if v.verdict != "stable"],
-            schedule={**stored, "timings": dict(timings), "judged": report.judged()},
+            schedule={**stored, "timings": dict(timings), "report": report.to_dict()},
             baseline_run_id=judging.baseline_run_id,
             promote=report.promoted,
         )
     except BaseException as exc:
         store.mark_incomplete(run_id, "failed", f"{type(exc).__name__}: {exc}")
         raise
+    return report
+
+
+def stored_section(run: Run, name: str):
+    """One entry of the report stored with a run (runs finished before reports were stored kept the
+    conditions alone, as `judged`)."""
+    schedule = run.schedule or {}
+    return (schedule.get("report") or schedule.get("judged") or {}).get(name)
+
+
+def stored_report(store: Store, run_id: int) -> Report | None:
+    """The report stored with a judged run, read back as it was written (None: the run was never judged:
+    it did not finish, or it is a cost or bisect measurement). A run judged before reports were stored is
+    judged again once, as then, and its report stored."""
+    run = store.get_run(run_id)
+    schedule = run.schedule or {}
+    if schedule.get("report") is not None:
+        return Report.from_dict(schedule["report"])
+    if run.status != "complete" or run.kind not in ("baseline", "check") or run.verdict is None:
+        return None
+    with collector_paused():
+        current = store.load(run_id)
+        baseline = store.load(run.baseline_run_id) if run.baseline_run_id is not None else None
+        report = judge_records(store, current, baseline, kind=run.kind)
+    report.hardware_class = run.hardware_class
+    report.hardware_label = hardware_label(current.fingerprint.get("hardware") or {})
+    report.promoted = store.baseline_for(run.suite_name, run.hardware_class) == run_id
+    store.update_schedule(run_id, {**schedule, "report": report.to_dict()})
     return report
 
 
@@ -313,7 +341,7 @@ def adopt_run(store: Store, run_id: int) -> Run:
     of its own class, with a receipt: against which run and class, the counts per class, the envelope and
     the tolerances. A check with a confident flip (or any failure) is never adopted."""
     run = store.get_run(run_id)
-    judged = ((run.schedule or {}).get("judged") or {}).get("hardware")
+    judged = stored_section(run, "hardware")
     if run.kind != "check" or run.status != "complete" or not judged:
         raise ConfigError(f"run {run_id} is not a complete check judged against another hardware class's baseline",
                           fix="adopt a cross-hardware check (see `evalgate runs list`); promote a same-class run "

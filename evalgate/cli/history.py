@@ -41,11 +41,14 @@ def runs_list(db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt,
 @handled
 def runs_show(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt,
               json_out: bool = typer.Option(False, "--json", help="Print the run as JSON")):
-    """Show one run: status, schedule, fingerprint components, non-stable requests."""
+    """Show one run: status, schedule, fingerprint components, and its stored report (verdicts, factors)."""
+    from ..gate import stored_report
+    from ..reports.terminal import render_report
     from ..store import display_status
 
     store = open_store_for(db, suite)
     record = store.load(run_id)
+    report = stored_report(store, run_id)
     run = record.run
     info = {
         "run": run.id, "suite": run.suite_name, "suite_path": run.suite_path, "kind": run.kind, "status": display_status(run),
@@ -58,22 +61,22 @@ def runs_show(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = Su
         "verdicts": store.verdicts(run_id),
         "scores": [{"task": sc.task, "metric": sc.metric, "value": sc.value, "stderr": sc.stderr}
                    for sc in store.load_scores(run_id)[0]],
+        "report": report.to_dict() if report is not None else None,
     }
     if json_out:
         console.print_json(json.dumps(info, default=str))
         return
     for key, value in info.items():
-        if key in ("verdicts", "schedule", "engine", "scores"):
+        if key in ("verdicts", "schedule", "engine", "scores", "report"):
             continue
         console.print(f"[bold]{key}[/]: {value}")
     console.print(f"[bold]schedule[/]: {json.dumps({k: v for k, v in run.schedule.items() if k != 'passes'})}")
     console.print(f"[bold]engine[/]: {json.dumps(info['engine'])}")
     for sc in info["scores"]:  # lm-eval metrics of the run's first pass
         console.print(f"  [bold]{sc['task']}[/] {sc['metric']} = {sc['value']}" + (f" ± {sc['stderr']:.3g}" if sc["stderr"] else ""))
-    for v in info["verdicts"]:
-        d = v.get("divergence") or {}
-        console.print(f"  {v['key']}: {v['verdict']} at position {d.get('position')} "
-                      f"({d.get('reference_id')} -> {d.get('other_id')}) {', '.join(v.get('components') or [])}")
+    if report is not None:  # the report the run was judged with, read back as written
+        console.print()
+        render_report(console, report, report.fingerprint_changes)
 
 
 @handled

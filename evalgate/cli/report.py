@@ -30,6 +30,7 @@ def report(run_id: Optional[int] = typer.Argument(None, help="The run to report 
            suite: Optional[Path] = typer.Option(None, "--suite", help="Take the database (and, with --latest, the "
                                                                     "suite name) from this suite file")):
     """Write a stored run as one self-contained HTML file: verdicts, fingerprint changes, token diffs."""
+    from ..gate import stored_report
     from ..reports.atomic import write_text_atomic
     from ..reports.html import build_html
 
@@ -44,5 +45,5 @@ def report(run_id: Optional[int] = typer.Argument(None, help="The run to report 
             raise ConfigError(f"no runs{f' of suite {name!r}' if name else ''} in {store.url}",
                               fix="run `evalgate check` or `evalgate baseline create` first")
         run_id = runs[0].id
-    write_text_atomic(html, build_html(store, run_id))
+    write_text_atomic(html, build_html(store, run_id, stored_report(store, run_id)))
     console.print(f"wrote the report of run {run_id} to {html}")

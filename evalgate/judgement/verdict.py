@@ -68,6 +68,19 @@ class RequestVerdict:
             "across": self.across,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict) -> RequestVerdict:
+        """A stored verdict (`to_dict`, as `Store.verdicts` and a stored report hold it) back as an object."""
+        div = data.get("divergence")
+        fields = Divergence.__dataclass_fields__
+        return cls(
+            key=data["key"], verdict=data["verdict"], location=data.get("location"),
+            divergence=Divergence(**{k: v for k, v in div.items() if k in fields}) if div else None,
+            passes=data.get("passes"), components=list(data.get("components") or []), factor=data.get("factor"),
+            kinds=frozenset({BITS_ONLY} if data.get("bits_only") else ()), max_delta=data.get("max_delta"),
+            flip=data.get("flip"), across=data.get("across"),
+        )
+
     @property
     def difference_class(self) -> str | None:
         """What kind of difference this is, for people: drift (bits only), near_tie or confident; across
@@ -100,7 +113,9 @@ class Coverage(TypedDict):
 
 @dataclass
 class Report:
-    """Everything judged about one run: built in one place (gate.judge_runs), rendered by every report."""
+    """Everything judged about one run: built in one place (gate.judge_records), stored with the run
+    (`to_dict`, read back by `from_dict`: gate.stored_report) and rendered by every report from that one
+    object. Its sections (`sections`): the run, its identity, its results and the conditions it ran under."""
 
     kind: str  # baseline | check | diff
     suite_name: str
@@ -130,10 +145,13 @@ class Report:
     hardware_label: str | None = None
     # a check's shards merged per hardware class (gate.combine): per class its run, baseline and result
     classes: list[dict[str, Any]] = field(default_factory=list)
+    # stable requests not among `verdicts`: a stored report lists only the requests that differ
+    stable: int = 0
 
     @property
     def counts(self) -> dict[str, int]:
         counter = Counter(v.verdict for v in self.verdicts)
+        counter["stable"] += self.stable
         return {name: counter.get(name, 0) for name in VERDICTS}
 
     @property
@@ -198,6 +216,50 @@ class Report:
             "differences": self.differences(),
             "hardware": self.hardware.to_dict() if self.hardware else None,
             "classes": self.classes,
+            "fingerprint_changes": self.fingerprint_changes,
+            "hardware_class": self.hardware_class,
+            "hardware_label": self.hardware_label,
+            "engine_log": self.engine_log,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Report:
+        """A stored report (`to_dict`) read back as it was written: what `evalgate report`, `runs show` and
+        the HTML page render."""
+        from .hardware import AcrossHardware
+
+        hardware = data.get("hardware")
+        return cls(
+            kind=data["kind"], suite_name=data["suite"], run_id=data["run_id"], baseline_run_id=data.get("baseline_run_id"),
+            verdicts=[RequestVerdict.from_dict(v) for v in data.get("requests") or []],
+            changed_components=list(data.get("changed_components") or []),
+            batch_invariance=dict(data.get("batch_invariance") or {}), strict=bool(data.get("strict")),
+            promoted=bool(data.get("promoted")), fingerprint_changes=dict(data.get("fingerprint_changes") or {}),
+            metrics=list(data.get("metrics") or []), task_changes=dict(data.get("task_changes") or {}),
+            engine_log=data.get("engine_log"), factors=list(data.get("factors") or []),
+            cache_hits=list(data.get("cache_hits") or []), baseline_pairs=list(data.get("baseline_pairs") or []),
+            not_run=list(data.get("not_run") or []), alone_coverage=data.get("alone_coverage"),
+            policy=GatePolicy.from_dict(data.get("gate")), hardware=AcrossHardware.from_dict(hardware) if hardware else None,
+            hardware_class=data.get("hardware_class"), hardware_label=data.get("hardware_label"),
+            classes=list(data.get("classes") or []), stable=int((data.get("counts") or {}).get("stable", 0)),
+        )
+
+    def sections(self) -> dict[str, dict[str, Any]]:
+        """The report in its four sections, as the HTML page shows them: the run (what was judged, against
+        what, under which policy), its identity (what changed since the baseline), its results (verdicts,
+        differences, metrics) and the conditions (factors, cache hits, what did not run, other hardware)."""
+        return {
+            "run": {"kind": self.kind, "suite": self.suite_name, "run_id": self.run_id,
+                    "baseline_run_id": self.baseline_run_id, "status": self.status, "exit_code": int(self.exit_code),
+                    "strict": self.strict, "promoted": self.promoted, "gate": self.policy.to_dict(),
+                    "hardware_class": self.hardware_class, "hardware_label": self.hardware_label},
+            "identity": {"changed_components": self.changed_components, "fingerprint_changes": self.fingerprint_changes,
+                         "batch_invariance": self.batch_invariance, "task_changes": self.task_changes},
+            "results": {"counts": self.counts, "differences": self.differences(), "metrics": self.metrics,
+                        "requests": [v for v in self.verdicts if v.verdict != "stable"]},
+            "conditions": {"factors": self.factors, "cache_hits": self.cache_hits, "not_run": self.not_run,
+                           "alone_coverage": self.alone_coverage, "baseline_pairs": self.baseline_pairs,
+                           "hardware": self.hardware, "classes": self.classes},
         }
 
     def judged(self) -> dict:

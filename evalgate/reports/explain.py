@@ -160,19 +160,6 @@ def gate_lines(d: dict | None) -> list[str]:
     return lines
 
 
-def verdict_from_dict(data: dict) -> RequestVerdict:
-    """A stored verdict (RequestVerdict.to_dict, as Store.verdicts returns it) back as an object."""
-    div = data.get("divergence")
-    fields = Divergence.__dataclass_fields__
-    return RequestVerdict(
-        key=data["key"], verdict=data["verdict"], location=data.get("location"),
-        divergence=Divergence(**{k: v for k, v in div.items() if k in fields}) if div else None,
-        passes=data.get("passes"), components=list(data.get("components") or []), factor=data.get("factor"),
-        kinds=frozenset({"logprob"} if data.get("bits_only") else ()), max_delta=data.get("max_delta"),
-        flip=data.get("flip"), across=data.get("across"),
-    )
-
-
 def coverage_line(coverage: dict) -> str:
     """`alone coverage: 100% over the last 16 runs`: the rotating preset's promise, measured."""
     covered, requests, runs, window = coverage["covered"], coverage["requests"], coverage["runs"], coverage["window"]

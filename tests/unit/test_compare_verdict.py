@@ -552,7 +552,8 @@ def test_golden_json_fields_of_conditions():
     assert set(d) == {"schema", "kind", "suite", "run_id", "baseline_run_id", "status", "exit_code", "strict",
                       "promoted", "counts", "changed_components", "batch_invariance", "requests", "metrics",
                       "task_changes", "factors", "cache_hits", "baseline_pairs", "not_run", "alone_coverage",
-                      "gate", "differences", "hardware", "classes"}
+                      "gate", "differences", "hardware", "classes", "fingerprint_changes", "hardware_class",
+                      "hardware_label", "engine_log"}
     assert d["alone_coverage"] is None  # the full schedule; the rotating preset's: tests/plumbing/test_rotation.py
     assert d["factors"][0] == {"factor": "prefix_cache", "comparison": "prefix cache cold→hot", "reference_pass": 0,
                                "pass": 1, "differing": 1, "compared": 1, "requests": 1, "keys": ["k"]}

@@ -120,3 +120,24 @@ def test_version_1_and_version_2_payloads_side_by_side_judge_identically(store):
         digests = {(k, c.pass_index): c.digest for k, cs in store.load(run.id).outputs.items() for c in cs}
         copied = {(k, c.pass_index): c.digest for k, cs in store.load(copies[run.id]).outputs.items() for c in cs}
         assert copied == digests
+
+
+def test_a_run_recorded_before_reports_were_stored_gets_its_report_once(tmp_path):
+    """Runs finished before reports were stored (they kept `judged` only) are judged once on read, as they
+    were judged then, and the report is stored: the next read is the stored object, not a new judgement."""
+    path = tmp_path / "recorded.sqlite"
+    shutil.copy(RECORDED, path)
+    store = Store(f"sqlite:///{path}")
+    for run in store.runs():
+        assert "report" not in run.schedule
+        report = gate.stored_report(store, run.id)
+        assert report.counts == run.summary and report.run_id == run.id, run.id
+        stored = store.get_run(run.id).schedule
+        assert stored["report"] == report.to_dict()
+        for name in ("factors", "cache_hits", "baseline_pairs", "differences"):
+            assert canonical(stored["report"][name]) == canonical(run.schedule["judged"][name]), (run.id, name)
+    first = store.runs()[0]
+    marked = {**store.get_run(first.id).schedule}
+    marked["report"] = {**marked["report"], "fingerprint_changes": {"model": "as stored"}}
+    store.update_schedule(first.id, marked)
+    assert gate.stored_report(store, first.id).fingerprint_changes == {"model": "as stored"}  # read, not rebuilt

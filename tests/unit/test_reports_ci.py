@@ -16,8 +16,9 @@ from evalgate.judgement.compare import Divergence
 from evalgate.judgement.verdict import Report, RequestVerdict
 from evalgate.records import Completion
 from evalgate.reports import github
-from evalgate.reports.html import ReportPage, RequestDiff, Side, render_html
+from evalgate.reports.html import RequestDiff, Side, render_html
 from evalgate.reports.junit import infra_error_xml, junit_xml
+from evalgate.store import Run
 
 NASTY = "caps%:,\r\n<&\"'\U0001F980"  # percent, CR, LF, colon, comma, markup, quotes, an emoji
 WS = "/ci/work"  # the workspace (GITHUB_WORKSPACE)
@@ -302,6 +303,12 @@ def _completion(ids, texts, pass_index=0, concurrency=1):
                       finish_reason="length", pass_index=pass_index, concurrency=concurrency)
 
 
+def run_row(**fields) -> Run:
+    """A run row as the store holds it (not in any session: the page reads its attributes only)."""
+    return Run(**{"id": 7, "suite_name": "s <&>", "kind": "check", "status": "complete", "verdict": "regression",
+                  "exit_code": 1, "baseline_run_id": 3, **fields})
+
+
 def test_html_page_is_self_contained_escaped_and_highlights_the_divergence():
     v = sample().verdicts[1]  # the batch_variance request with the nasty key
     ref = _completion([5, 9822, 6], [" A", " Paris", "<script>alert(1)</script>"])
@@ -309,28 +316,28 @@ def test_html_page_is_self_contained_escaped_and_highlights_the_divergence():
     v = RequestVerdict(v.key, v.verdict, v.location, Divergence(1, "token", 9822, " Paris", 1234, " <the>", 0.25),
                        passes=v.passes)
     missing = RequestVerdict("gone", "missing", f"{PROMPTS}:9", components=["suite"])
-    page = ReportPage(suite_name="s <&>", run_id=7, kind="check", status="complete", verdict="regression",
-                      exit_code=1, baseline_run_id=3, batch_invariance={"requested": True, "in_force": False,
-                                                                       "reason": "cpu"},
-                      counts={"stable": 1, "batch_variance": 1}, changed_components=["model"],
-                      fingerprint_changes={"model": "files changed: <w>.safetensors"},
-                      requests=[RequestDiff(v, "prompt <b>bold</b>", Side("reference: run 7, pass 0", ref),
-                                            Side("disagreeing pass: run 7, pass 2", cur)),
-                                RequestDiff(missing, None, Side("baseline", ref), Side("this run", None))])
-    html = render_html(page)
-    assert "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src &#x27;none&#x27;; style-src " \
-           "&#x27;unsafe-inline&#x27;\">" in html
+    report = Report(kind="check", suite_name="s <&>", run_id=7, baseline_run_id=3, verdicts=[v, missing],
+                    changed_components=["model"], stable=1,
+                    batch_invariance={"requested": True, "in_force": False, "reason": "cpu"},
+                    fingerprint_changes={"model": "files changed: <w>.safetensors"})
+    html = render_html(run_row(), report, [RequestDiff(v, "prompt <b>bold</b>", Side("reference: run 7, pass 0", ref),
+                                                       Side("disagreeing pass: run 7, pass 2", cur)),
+                                           RequestDiff(missing, None, Side("baseline", ref), Side("this run", None))])
+    assert "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src &#39;none&#39;; style-src " \
+           "&#39;unsafe-inline&#39;\">" in html
     assert "<script" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "http://" not in html and "https://" not in html and "src=" not in html
     assert "s &lt;&amp;&gt;" in html and "files changed: &lt;w&gt;.safetensors" in html
     assert "prompt &lt;b&gt;bold&lt;/b&gt;" in html
     # the divergent token, highlighted on both sides, with its id in the tooltip; the margin shown
     assert html.count('class="tok first-divergence"') == 2
-    assert 'title="position 1 · id 9822 · text &#x27; Paris&#x27; · logprob -0.5 · margin 0.25">' in html
+    assert 'title="position 1 · id 9822 · text &#39; Paris&#39; · logprob -0.5 · margin 0.25">' in html
     assert ">↵</span>" in html  # a newline token made visible
     assert '<strong class="margin">0.25</strong>' in html
     assert html.count('class="tok same"') == 2 and html.count('class="tok after"') == 2
     assert "no output" in html  # the missing request has no current side
+    assert '<span class="badge s-batch_variance">batch_variance</span>' in html  # named by what failed it
+    assert '<td><span class="badge v-stable">stable</span></td><td class="num">1</td>' in html  # counted, not listed
 
 
 def test_html_marks_the_end_of_a_shorter_output():
@@ -338,11 +345,37 @@ def test_html_marks_the_end_of_a_shorter_output():
     cur = _completion([5, 6, 7], [" a", " b", " c"])
     v = RequestVerdict("k", "explained_change", "/p.jsonl:1", Divergence(2, "length", None, None, 7, " c", None),
                        components=["model"])
-    html = render_html(ReportPage(suite_name="s", run_id=2, kind="check", status="complete", baseline_run_id=1,
-                                  counts={"explained_change": 1}, requests=[RequestDiff(v, "p", Side("b", ref),
-                                                                                          Side("c", cur))]))
+    report = Report(kind="check", suite_name="s", run_id=2, baseline_run_id=1, verdicts=[v], changed_components=["model"],
+                    batch_invariance={})
+    html = render_html(run_row(id=2, suite_name="s", verdict="pass", exit_code=0, baseline_run_id=1), report,
+                       [RequestDiff(v, "p", Side("b", ref), Side("c", cur))])
     assert '<span class="tok end first-divergence"' in html and ">(end)</span>" in html
     assert html.count(" first-divergence\"") == 2  # both sides (the CSS rule aside)
+
+
+def test_html_of_a_run_that_was_never_judged_says_so():
+    html = render_html(run_row(status="failed", verdict=None, exit_code=None, error="EngineError: <boom>"), None)
+    assert "no verdicts: the run is failed" in html and "error: EngineError: &lt;boom&gt;" in html
+    assert "never judged against baseline run 3" in html
+
+
+def test_a_report_reads_back_as_it_was_written():
+    """A stored report (to_dict) read back renders the same: every section, the counts of stable requests
+    it does not list, the policy it was judged under."""
+    import json
+
+    from evalgate.configuration.policy import GatePolicy
+
+    report = sample()
+    report.policy = GatePolicy(fail_on="tokens")
+    report.metrics = [{"task": "t", "metric": "acc", "baseline": 0.5, "current": 0.25, "delta": -0.25, "moved": []}]
+    report.fingerprint_changes = {"model": "files changed"}
+    report.hardware_class, report.hardware_label = "abc", "x86_64 · AVX-512"
+    again = Report.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert again.to_dict() == report.to_dict()
+    assert again.counts == report.counts and again.counts["stable"] == 1
+    assert again.status == report.status and again.exit_code == report.exit_code
+    assert json.loads(json.dumps(again.sections(), default=str)) == json.loads(json.dumps(report.sections(), default=str))
 
 
 def test_terminal_report_suggests_the_bisector_for_each_kind_of_difference():
