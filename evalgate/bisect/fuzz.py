@@ -35,6 +35,7 @@ from ..judgement.compare import first_divergence, max_logprob_delta
 from ..records import Completion
 from .ddmin import BudgetExhausted, ddmin
 from .mutate import Shape, in_steps, mutate, synthetic_trace
+from .repro import template
 from .session import Bisection, Bounds, TrialCallback, TrialOutcome
 from .trials import same
 
@@ -408,8 +409,8 @@ def write_pack(directory: Path, suite: Suite, result: FuzzResult) -> Path:
         "engine.json": json.dumps({"model": str(suite.model), "tokenizer": str(suite.tokenizer or suite.model),
                                    "engine_args": suite.engine_args, "env": env_snapshot(), "seed": 0}, indent=2,
                                   default=str),
-        "repro.py": REPRO_SCRIPT,
-        "README.md": README.format(key=result.key, session=result.session_id, events=result.shrunk_events,
+        "repro.py": template("repro_trace.py"),
+        "README.md": template("fuzz_README.md").format(key=result.key, session=result.session_id, events=result.shrunk_events,
                                    mutations=" + ".join(result.mutations), suite=suite.path,
                                    reproduced="reproduced" if result.reproduced else "did NOT reproduce"),
     }
@@ -417,96 +418,3 @@ def write_pack(directory: Path, suite: Suite, result: FuzzResult) -> Path:
         with atomic_path(directory / name) as tmp:
             tmp.write_text(text, encoding="utf-8")
     return directory
-
-
-README = """# evalgate fuzz {session}: request {key!r} changes under this traffic
-
-Found by `evalgate fuzz {suite}` after {mutations}; shrunk to {events} event(s); {reproduced} in a fresh engine.
-
-- `trace.jsonl`: the traffic, one event a line, in engine steps (`step`: when it arrives, `cancel_after.steps`:
-  when its client leaves); the `gated` marker is where the request arrives.
-- `request.json`: the request and its sampling parameters. `outputs.json`: its output alone, and among the traffic.
-- `engine.json`: the model, the vLLM engine arguments and the environment the search ran with.
-
-Run `python repro.py` (vLLM only, no evalgate): it runs the request alone, then replays the trace with
-`LLMEngine.add_request` / `step` / `abort_request`, and exits 0 if the two outputs differ (reproduced), 1 if not.
-"""
-
-REPRO_SCRIPT = '''"""Replays trace.jsonl around the request in request.json with plain vLLM (no evalgate)."""
-import json
-import os
-import sys
-import uuid
-
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-here = os.path.dirname(os.path.abspath(__file__))
-engine_doc = json.load(open(os.path.join(here, "engine.json")))
-for name, value in engine_doc["env"].items():
-    if value != "<redacted>":
-        os.environ.setdefault(name, value)
-from vllm import LLM, SamplingParams  # noqa: E402
-from vllm.sampling_params import RequestOutputKind  # noqa: E402
-
-request = json.load(open(os.path.join(here, "request.json")))
-events = [json.loads(line) for line in open(os.path.join(here, "trace.jsonl")) if line.strip()]
-args = dict(engine_doc["engine_args"])
-args.setdefault("seed", 0)
-llm = LLM(model=engine_doc["model"], tokenizer=engine_doc["tokenizer"], **args)
-core = llm.llm_engine
-sampling = {k: v for k, v in request["sampling"].items()}
-
-
-def gated_input(salt):
-    if request["prompt_ids"]:
-        return {"prompt_token_ids": request["prompt_ids"], "cache_salt": salt}
-    if request["messages"]:
-        text = llm.get_tokenizer().apply_chat_template(request["messages"], tokenize=False, add_generation_prompt=True)
-        return {"prompt_token_ids": llm.get_tokenizer().encode(text, add_special_tokens=False), "cache_salt": salt}
-    return {"prompt": request["prompt"], "cache_salt": salt}
-
-
-alone = llm.generate([gated_input(uuid.uuid4().hex)], SamplingParams(**sampling), use_tqdm=False)[0].outputs[0]
-arrivals = sorted([(e["step"], i, e) for i, e in enumerate(events)], key=lambda a: (a[0], a[1]))
-active, tokens, step, result = {}, {}, 0, None
-salt = uuid.uuid4().hex
-while arrivals or core.has_unfinished_requests():
-    while arrivals and arrivals[0][0] <= step:
-        _, i, e = arrivals.pop(0)
-        if e.get("gated"):
-            core.add_request("gated", gated_input(salt), SamplingParams(**sampling, output_kind=RequestOutputKind.FINAL_ONLY))
-        else:
-            rid = "trace-" + e["id"]
-            core.add_request(rid, {"prompt_token_ids": e["prompt_ids"], "cache_salt": salt + "-t"},
-                             SamplingParams(max_tokens=e["max_tokens"], temperature=0.0, ignore_eos=True,
-                                            output_kind=RequestOutputKind.DELTA))
-            active[rid] = (e, step)
-            tokens[rid] = 0
-    for rid, (e, arrived) in list(active.items()):
-        cancel = e.get("cancel_after") or {}
-        if (cancel.get("steps") is not None and step - arrived >= cancel["steps"]) or (
-                cancel.get("tokens") is not None and tokens[rid] >= cancel["tokens"]):
-            core.abort_request([rid])
-            del active[rid]
-    if not core.has_unfinished_requests():
-        if arrivals:
-            step = max(step + 1, arrivals[0][0])
-        continue
-    for out in core.step():
-        if out.request_id == "gated":
-            if out.finished:
-                result = out.outputs[0]  # the rest of the trace cannot change it
-        else:
-            tokens[out.request_id] = tokens.get(out.request_id, 0) + len(out.outputs[0].token_ids)
-            if out.finished:
-                active.pop(out.request_id, None)
-    step += 1
-    if result is not None:
-        break
-
-print("alone:    ", list(alone.token_ids))
-print("in trace: ", list(result.token_ids))
-same = list(alone.token_ids) == list(result.token_ids) and all(
-    a[t].logprob == b[t].logprob for a, b, t in zip(alone.logprobs or [], result.logprobs or [], alone.token_ids))
-print("reproduced: the outputs differ" if not same else "not reproduced: the outputs are equal")
-sys.exit(0 if not same else 1)
-'''

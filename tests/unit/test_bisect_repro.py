@@ -188,3 +188,22 @@ def test_script_without_the_model_exits_2(tmp_path, suite):
     proc = subprocess.run([sys.executable, str(tmp_path / "pack" / "repro.py"), "--model", str(tmp_path / "nowhere")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--model" in proc.stderr
+
+
+def test_the_packs_carry_the_shipped_script_files_which_run_as_files(tmp_path, suite):
+    """The two repro scripts are files of the package (evalgate/bisect/templates/, checked by ruff): a pack
+    carries them byte for byte, and each runs as a file: without its pack's JSON files beside it, exit 2
+    naming the file."""
+    from evalgate.bisect.repro import TEMPLATES
+
+    store = Store(f"sqlite:///{tmp_path / 'e.sqlite'}")
+    run_id = run(store, suite, passes=[SAME, {**SAME, "b": [8, 7, 7]}])
+    write_repro(store, run_id, "b", tmp_path / "pack")
+    assert (tmp_path / "pack" / "repro.py").read_bytes() == (TEMPLATES / "repro_batches.py").read_bytes()
+    for name, missing in (("repro_batches.py", "requests.json"), ("repro_trace.py", "engine.json")):
+        alone = tmp_path / "alone" / name
+        alone.parent.mkdir(exist_ok=True)
+        alone.write_bytes((TEMPLATES / name).read_bytes())
+        proc = subprocess.run([sys.executable, str(alone)], capture_output=True, text=True, timeout=60,
+                              env={"PATH": "/usr/bin:/bin"})
+        assert proc.returncode == 2 and missing in proc.stderr, (name, proc.returncode, proc.stderr[-500:])
