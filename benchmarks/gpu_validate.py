@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
         n_prompts, max_tokens = (6, 6) if args.dry_run else (64, 64)
         levels = [1, 4] if args.dry_run else [1, 16, 64]
-        needle = "needle_batch = 2\nneedle_filler_tokens = 32" if args.dry_run else "needle_batch = 64"
+        needle = "batch = 2\nfiller_tokens = 32" if args.dry_run else "batch = 64"
         dtype = "float32" if args.dry_run else "bfloat16"
         prompts = work / "prompts.jsonl"
         prompts.write_text("".join(json.dumps({"id": f"q{i:03d}", "prompt": f"Question {i}: what is the capital of "
@@ -146,6 +146,8 @@ file = "prompts.jsonl"
 concurrency = {levels}
 shuffles = 1
 probes = "vllm"
+
+[probes.needle]
 {needle}
 """, encoding="utf-8")
 

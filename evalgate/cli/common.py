@@ -91,6 +91,12 @@ def database_url_for(db: str | None, suite_path: Path | None) -> str:
     return resolve_database_url(DEFAULT_DATABASE, Path.cwd())
 
 
+def show_notes(suite) -> None:
+    """What the suite file still says the old way, and where it moved (it is read as before)."""
+    for note in suite.notes:
+        err_console.print(f"[yellow]note:[/] {escape(note)}")
+
+
 def show_engine_log(exc: BaseException) -> None:
     """After an engine failure: where the engine's own output is, and its last lines."""
     from ..execution.worker import log_tail

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from .common import console, err_console, handled, parse_levels
+from .common import console, err_console, handled, parse_levels, show_notes
 
 
 def _seconds(value: float | None) -> str:
@@ -145,6 +145,7 @@ def cost(suite_file: Optional[Path] = typer.Argument(None, help="Suite TOML file
     from ..configuration.suite import find_suite, load_suite
 
     suite = load_suite(find_suite(suite_file), database=db)
+    show_notes(suite)
     schedule = with_overrides(suite.schedule, parse_levels(concurrency), shuffles, repeats)
     candidates = cost_lib.resolve_candidates(suite, candidate or [], candidates_file, defaults=not no_defaults)
     plot_path = plot or (json_report.with_suffix(".png") if json_report else None)

@@ -17,7 +17,7 @@ import click
 import typer
 
 from ..errors import EvalgateError, ExitCode
-from .common import VerboseOpt, console, err_console, handled, parse_levels, progress_bar
+from .common import VerboseOpt, console, err_console, handled, parse_levels, progress_bar, show_notes
 
 SuiteArg = typer.Argument(None, help="Suite TOML file (default: ./evalgate.toml or \\[tool.evalgate] in ./pyproject.toml)")
 
@@ -102,6 +102,7 @@ def _run(kind: str, suite_file, options: RunOptions, **kwargs):
     merge, verbose, fail_on = options.merge, options.verbose, options.fail_on
     started, timestamp = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="seconds")
     suite = load_suite(find_suite(suite_file), database=db)
+    show_notes(suite)
     if fail_on is not None:
         suite = with_fail_on(suite, fail_on)
     schedule = gate.resolve_schedule(suite, parse_levels(concurrency), shuffles, repeats)

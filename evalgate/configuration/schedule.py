@@ -50,8 +50,9 @@ class Schedule:
     load: Load | None = None  # [load]: filler traffic for server engines (evalgate/configuration/load.py)
     hot_pass: bool = True  # one pass repeating pass 0 with the prefix cache warm
     probes: tuple[str, ...] = ()  # targeted passes (evalgate/probes/)
-    needle_batch: int = 64  # the needle probe: fillers per wave
-    needle_filler_tokens: int = 0  # the needle probe: tokens per filler; 0: half of max_model_len, at most 2048
+    # the probes' own settings, [probes.<name>] (each parsed by its probe: evalgate/probes/base.py `options`):
+    # ((name, {key: value}), ...), sorted by name
+    probe_options: tuple[tuple[str, dict], ...] = ()
     preset: str = FULL  # full | rotating (the module docstring)
     rotation: int = 16  # rotating: every request runs alone once in this many runs
     turn: int = 0  # rotating: this run's turn (the runner sets it: earlier complete runs of the suite)

@@ -91,6 +91,7 @@ class Suite:
     server: Any = None  # the server kinds' own settings (evalgate/engines/openai_api.py ServerConfig)
     cost_table: Any = None  # the file's [cost] table, for `evalgate cost` only (evalgate/cost.py parses it)
     gate: GatePolicy = field(default_factory=GatePolicy)  # [gate]: what fails a run (a policy, not identity)
+    notes: tuple[str, ...] = ()  # what the file still says the old way, and where it moved (the CLI shows them)
     root: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -171,9 +172,10 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     root = path.parent
 
     # [cost] belongs to `evalgate cost` (evalgate/cost.py validates it); it never changes a run.
-    check_keys(data, {"suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "cost", "load", "gate"}, where, prefix)
+    check_keys(data, {"suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "cost", "load", "gate", "probes"},
+               where, prefix)
     tables = {}
-    for name in ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "load", "gate"):
+    for name in ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "load", "gate", "probes"):
         value = data.get(name, {})
         if not isinstance(value, dict):
             raise fail(where, f"`{prefix}{name}` must be a table", f"write it as [{prefix}{name}]")
@@ -189,7 +191,7 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     sampling = _sampling_table(tables["sampling"], where, f"{prefix}sampling.")
     lm_eval = _lm_eval_config(tables["lm_eval"], root, where, f"{prefix}lm_eval.") if "lm_eval" in data else None
     prompts_file, prompts = _prompts_table(tables["prompts"], root, where, f"{prefix}prompts.", tasks=lm_eval is not None)
-    schedule = _schedule_table(tables["schedule"], where, f"{prefix}schedule.")
+    schedule, notes = _schedule_table(tables["schedule"], tables["probes"], where, prefix)
     if "load" in data:
         traced = isinstance(tables["load"], dict) and "trace" in tables["load"]
         if traced and engine_cls.placement is None:
@@ -212,7 +214,7 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
         batch_invariant=engine.batch_invariant, engine_args=engine.engine_args, sampling=sampling,
         prompts_file=prompts_file, prompts=prompts, schedule=schedule,
         code_paths=code_paths, database=db, lm_eval=lm_eval, server=engine.server, cost_table=data.get("cost"),
-        gate=parse_gate_table(tables["gate"], where, prefix),
+        gate=parse_gate_table(tables["gate"], where, prefix), notes=notes,
     )
 
 
@@ -274,10 +276,44 @@ def _prompts_table(table: dict, root: Path, where: str, sec: str, *, tasks: bool
     return prompts_file, load_prompts(prompts_file)
 
 
-def _schedule_table(table: dict, where: str, sec: str) -> Schedule:
-    """[schedule]: the passes a run makes (runtime knobs, never identity), and the probes it adds."""
-    check_keys(table, {"concurrency", "shuffles", "repeats", "seed", "hot_pass", "probes", "needle_batch",
-                       "needle_filler_tokens", "preset", "rotation"}, where, sec)
+# [schedule] keys that moved to a probe's own table: old key -> (probe, its key there)
+MOVED_TO_PROBES = {"needle_batch": ("needle", "batch"), "needle_filler_tokens": ("needle", "filler_tokens")}
+
+
+def _probe_options(schedule_table: dict, probes_table: dict, where: str, prefix: str) -> tuple[tuple, tuple[str, ...]]:
+    """[probes.<name>] tables, each parsed by its probe (`Probe.options`), and the `[schedule]` keys that moved
+    there: still read, with a note saying where they belong now (a key in both places is refused)."""
+    from ..probes import get_probe, probe_names
+
+    tables = {name: dict(table) for name, table in probes_table.items()}
+    notes = []
+    for old, (probe, key) in MOVED_TO_PROBES.items():
+        if old in schedule_table:
+            table = tables.setdefault(probe, {})
+            if not isinstance(table, dict) or key in table:
+                raise fail(where, f"`{prefix}schedule.{old}` and `{prefix}probes.{probe}.{key}` both set", f"keep `{key}` "
+                           f"under [{prefix}probes.{probe}] only")
+            table[key] = schedule_table[old]
+            notes.append(f"{where}: `[{prefix}schedule] {old}` moved to `[{prefix}probes.{probe}] {key}`; "
+                         "it is read as before")
+    options = []
+    for name, table in sorted(tables.items()):
+        probe = get_probe(name)
+        if probe is None:
+            raise fail(where, f"[{prefix}probes.{name}]: unknown probe {name!r}", f"probes: {', '.join(probe_names())}")
+        if not isinstance(table, dict):
+            raise fail(where, f"`{prefix}probes.{name}` must be a table", f"write it as [{prefix}probes.{name}]")
+        options.append((name, probe.options(table, where, f"{prefix}probes.{name}.")))
+    return tuple(options), tuple(notes)
+
+
+def _schedule_table(table: dict, probes_table: dict, where: str, prefix: str) -> tuple[Schedule, tuple[str, ...]]:
+    """[schedule]: the passes a run makes (runtime knobs, never identity), the probes it adds and (from
+    [probes.<name>]) their settings; and the notes on keys that moved."""
+    sec = f"{prefix}schedule."
+    check_keys(table, {"concurrency", "shuffles", "repeats", "seed", "hot_pass", "probes", "preset", "rotation",
+                       *MOVED_TO_PROBES}, where, sec)
+    probe_options, notes = _probe_options(table, probes_table, where, prefix)
     preset = typed(table, "preset", str, where, sec, default=FULL)
     if preset not in PRESETS:
         raise fail(where, f"`{sec}preset` is {preset!r}", f"use one of {', '.join(map(repr, PRESETS))} (docs/conditions.md)")
@@ -291,8 +327,7 @@ def _schedule_table(table: dict, where: str, sec: str) -> Schedule:
         seed=typed(table, "seed", int, where, sec, default=0),
         hot_pass=typed(table, "hot_pass", bool, where, sec, default=True),
         probes=parse_probes(table.get("probes", []), where, sec),
-        needle_batch=typed(table, "needle_batch", int, where, sec, default=64),
-        needle_filler_tokens=typed(table, "needle_filler_tokens", int, where, sec, default=0),
+        probe_options=probe_options,
         preset=preset,
         rotation=typed(table, "rotation", int, where, sec, default=16),
     )
@@ -302,12 +337,9 @@ def _schedule_table(table: dict, where: str, sec: str) -> Schedule:
     if problem:
         setting, why, fix = problem
         raise fail(where, f"`{sec}{setting}` {why}", fix)
-    if schedule.needle_batch < 1 or schedule.needle_filler_tokens < 0:
-        raise fail(where, f"`{sec}needle_batch` must be >= 1 and `{sec}needle_filler_tokens` >= 0 (0: automatic)",
-                   "e.g. needle_batch = 16, needle_filler_tokens = 256")
     if schedule.shuffles < 0 or schedule.repeats < 1:
         raise fail(where, f"`{sec}shuffles` must be >= 0 and `{sec}repeats` >= 1", "fix the schedule counts")
-    return schedule
+    return schedule, notes
 
 
 def with_fail_on(suite: Suite, fail_on: str) -> Suite:

@@ -21,6 +21,9 @@ lives on its class:
   that share the engine's batches but are never stored or judged, or a trace each wave is replayed in
   (`Wave.trace`: neighbours that arrive and leave at given engine steps);
 - `label(reference, other)`: what changed, for people;
+- `settings` / `options(table, where, section)`: the probe's own keys in the suite file (`[probes.<name>]`,
+  e.g. `[probes.needle] batch = 16`), parsed by the probe as an engine kind parses its `[engine]` keys
+  (`Engine.parse_config`); `option(schedule, key)` reads one back, its default where the suite set none;
 - `before(engine)` / `proof(engine, before, outputs)`: how it proves it ran (vLLM's preemption counter, the
   outputs' cached-token counts): figures recorded with the pass, and the reason when it did not happen
   (the pass is then reported as not run).
@@ -96,6 +99,29 @@ class Probe:
     words: ClassVar[str | None] = None  # a factor of the probe's own: how people read it
     remedy: ClassVar[str | None] = None  # ... and what removes it
     batch_factor: ClassVar[bool] = False  # ... and whether it is about who shared the batch
+    # [probes.<name>] keys: key -> (type, default, the smallest value allowed)
+    settings: ClassVar[dict[str, tuple[type, Any, Any]]] = {}
+
+    @classmethod
+    def options(cls, table: dict, where: str, section: str) -> dict[str, Any]:
+        """The probe's `[probes.<name>]` table, checked: its own keys only (a did-you-mean otherwise), each of
+        its type and at least its minimum. Cheap and without heavy imports: it runs when the suite loads."""
+        from ..configuration.config import check_keys, fail, typed
+
+        if not cls.settings:
+            raise fail(where, f"[{section.rstrip('.')}]: the {cls.name} probe has no settings", "remove the table")
+        check_keys(table, set(cls.settings), where, section)
+        parsed = {}
+        for key, (kind, default, least) in cls.settings.items():
+            value = typed(table, key, kind, where, section, default=default)
+            if value < least:
+                raise fail(where, f"`{section}{key}` is {value}, below {least}", f"set `{key}` to {least} or more")
+            parsed[key] = value
+        return parsed
+
+    def option(self, schedule: Schedule, key: str) -> Any:
+        """One of this probe's settings for a run of `schedule` (its default where the suite set none)."""
+        return dict(schedule.probe_options).get(self.name, {}).get(key, self.settings[key][1])
 
     def plan(self, context: PlanContext, add: AddPass) -> str | None:
         """Add this probe's passes; return the reason it cannot run here instead (never reported as passed)."""

@@ -1,8 +1,9 @@
-"""`needle` (factor neighbours): each request alone among `needle_batch` long fillers, at a seeded random
-position (vLLM's needle test: long prefills join the request's decode batch).
+"""`needle` (factor neighbours): each request alone among `batch` long fillers, at a seeded random position
+(vLLM's needle test: long prefills join the request's decode batch).
 
-Filler length: `needle_filler_tokens`, by default half the engine's max_model_len, at most 2048, always
-leaving room for the fillers' own generated tokens. Fillers are companions: never stored or judged.
+Settings (`[probes.needle]`): `batch` (default 64) fillers per wave, of `filler_tokens` tokens each (0, the
+default: half the engine's max_model_len, at most 2048), always leaving room for the fillers' own generated
+tokens. Fillers are companions: never stored or judged.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ class Needle(Probe):
     words = "neighbours"
     remedy = "batch invariance (batch_invariant = true on CUDA/ROCm/XPU) or engine.max_num_seqs = 1"
     batch_factor = True
+    settings = {"batch": (int, 64, 1), "filler_tokens": (int, 0, 0)}
 
     def plan(self, context: PlanContext, add: AddPass) -> str | None:
-        add(context.schedule.needle_batch + 1)
+        add(self.option(context.schedule, "batch") + 1)
         return None
 
     def waves(self, pass_, keys: list[str], context: WaveContext) -> Iterator[Wave]:
@@ -43,10 +45,10 @@ class Needle(Probe):
         return f"neighbours: alone→among {other.concurrency - 1} long fillers (needle)"
 
 
-def filler_tokens(needle_filler_tokens: int, max_model_len: int, longest_request: int) -> int:
+def filler_tokens(setting: int, max_model_len: int, longest_request: int) -> int:
     """Filler length: as set, else half the context (at most 2048), always leaving room for the fillers'
     own generated tokens."""
-    wanted = needle_filler_tokens or min(MAX_FILLER_TOKENS, max_model_len // 2)
+    wanted = setting or min(MAX_FILLER_TOKENS, max_model_len // 2)
     return max(1, min(wanted, max_model_len - longest_request - 1))
 
 
@@ -56,13 +58,13 @@ def needle_unit(engine) -> list[int]:
 
 
 def needle_fillers(context: WaveContext) -> list[Prompt]:
-    """`needle_batch` long filler requests of token ids (deterministic)."""
-    schedule, engine = context.schedule, context.engine
+    """The probe's `batch` long filler requests of token ids (deterministic)."""
+    schedule, engine, probe = context.schedule, context.engine, Needle()
     longest = max((len(ids) for ids in context.prompt_ids.values()), default=0)
-    length = filler_tokens(schedule.needle_filler_tokens, engine.max_model_len, longest)
+    length = filler_tokens(probe.option(schedule, "filler_tokens"), engine.max_model_len, longest)
     unit = needle_unit(engine)
     fillers = []
-    for i in range(schedule.needle_batch):
+    for i in range(probe.option(schedule, "batch")):
         ids = (unit * (length // len(unit) + 2))[i % len(unit):][:length]
         fillers.append(Prompt(f"{COMPANION_PREFIX}filler-{i}", "", max_tokens=8, line=0, prompt_ids=tuple(ids)))
     return fillers

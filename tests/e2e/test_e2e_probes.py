@@ -21,7 +21,7 @@ def test_every_probe_runs_on_vllm_or_says_why_not(cli, tmp_path, tiny_model):
     n = len(PROMPTS)
     suite = write_suite(tmp_path / "ws", tiny_model, PROMPTS, max_tokens=10, concurrency=(1, n), shuffles=0)
     with suite.open("a") as f:
-        f.write('probes = "vllm"\nneedle_batch = 4\nneedle_filler_tokens = 64\n')
+        f.write('probes = "vllm"\n\n[probes.needle]\nbatch = 4\nfiller_tokens = 64\n')
     proc = cli("baseline", "create", suite, "--json-report", tmp_path / "r.json")
     report = read_json(tmp_path / "r.json")
     assert report["not_run"] == []

@@ -73,7 +73,7 @@ def test_a_check_is_judged_per_condition(inline_cli, tmp_path, fake_model):
 def test_every_probe_runs_or_says_why_not(inline_cli, tmp_path, fake_model):
     suite = fake_suite(tmp_path, fake_model, concurrency=(1,), shuffles=0)
     with suite.open("a") as f:
-        f.write('probes = "vllm"\nneedle_batch = 3\nneedle_filler_tokens = 20\n')
+        f.write('probes = "vllm"\n\n[probes.needle]\nbatch = 3\nfiller_tokens = 20\n')
     inline_cli("baseline", "create", suite, "--json-report", tmp_path / "r.json", check=0)
     report = read_json(tmp_path / "r.json")
     comparisons = [f["comparison"] for f in report["factors"]]

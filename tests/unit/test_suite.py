@@ -468,3 +468,34 @@ def test_integer_and_float_spellings_of_a_float_parameter_hash_alike(tmp_path):
         suite = load_suite(suite_file)
         hashes.append(suite.request_hash(suite.prompts[0]))
     assert hashes[0] == hashes[1]
+
+
+def test_a_probe_parses_its_own_settings_table(tmp_path):
+    """[probes.needle] is read by the needle probe (Probe.options): its keys, typed, with a did-you-mean;
+    the run's schedule carries them, and the probe reads them back with its defaults elsewhere."""
+    from evalgate.probes import get_probe
+
+    suite = load_suite(write_suite(tmp_path / "new", **{"probes.needle": "batch = 16\nfiller_tokens = 256"}))
+    needle = get_probe("needle")
+    assert dict(suite.schedule.probe_options) == {"needle": {"batch": 16, "filler_tokens": 256}}
+    assert needle.option(suite.schedule, "batch") == 16 and not suite.notes
+    assert needle.option(load_suite(write_suite(tmp_path / "plain")).schedule, "batch") == 64  # the default
+    with pytest.raises(ConfigError, match=r"(?s)unknown key `probes\.needle\.bach`.*did you mean `batch`"):
+        load_suite(write_suite(tmp_path / "typo", **{"probes.needle": "bach = 16"}))
+    with pytest.raises(ConfigError, match=r"`probes\.needle\.batch` is 0, below 1"):
+        load_suite(write_suite(tmp_path / "zero", **{"probes.needle": "batch = 0"}))
+    with pytest.raises(ConfigError, match=r"\[probes\.needl\]: unknown probe 'needl'"):
+        load_suite(write_suite(tmp_path / "unknown", **{"probes.needl": "batch = 2"}))
+    with pytest.raises(ConfigError, match=r"the prefill_decode probe has no settings"):
+        load_suite(write_suite(tmp_path / "none", **{"probes.prefill_decode": "batch = 2"}))
+
+
+def test_old_needle_keys_still_load_with_a_note_saying_where_they_moved(tmp_path):
+    old = load_suite(write_suite(tmp_path / "old", schedule=BASE["schedule"] + "\nneedle_batch = 3\nneedle_filler_tokens = 20"))
+    assert dict(old.schedule.probe_options) == {"needle": {"batch": 3, "filler_tokens": 20}}
+    assert [n.split(": ", 1)[1] for n in old.notes] == [
+        "`[schedule] needle_batch` moved to `[probes.needle] batch`; it is read as before",
+        "`[schedule] needle_filler_tokens` moved to `[probes.needle] filler_tokens`; it is read as before"]
+    with pytest.raises(ConfigError, match=r"`schedule\.needle_batch` and `probes\.needle\.batch` both set"):
+        load_suite(write_suite(tmp_path / "both", schedule=BASE["schedule"] + "\nneedle_batch = 3",
+                               **{"probes.needle": "batch = 4"}))
