@@ -364,19 +364,11 @@ def cancel_or_neighbours(trials: _Trials, shrunk: Trace, key: str) -> str | None
     cancelling = [e for e in shrunk.traffic if e.cancels]
     if not cancelling:
         return None
-    finished = [replace(e, cancel_seconds=None, cancel_tokens=None, cancel_steps=None, max_tokens=leave_tokens(e, trials))
+    finished = [replace(e, cancel=None, max_tokens=min(e.cancel.tokens_received(trials.step_seconds), e.max_tokens))
                 if e.cancels else e for e in shrunk.traffic]
     changed, _ = trials.trial(f"control: {len(cancelling)} cancel(s) as neighbours finishing on the same steps",
                               shrunk.with_events(finished + [e for e in shrunk.events if e.gated]), [_prompt(trials, key)])
     return "neighbours" if changed else "cancel"
-
-
-def leave_tokens(e: Event, trials: _Trials) -> int:
-    """The tokens a cancelled neighbour had when it left: one a step (steps, seconds), or its token count."""
-    if e.cancel_tokens is not None:
-        return e.cancel_tokens
-    steps = e.cancel_steps if e.cancel_steps is not None else max(1, round(e.cancel_seconds / trials.step_seconds))
-    return min(steps, e.max_tokens)
 
 
 def _verify_job(*, shrunk, key, progress, on_run, **common) -> dict:

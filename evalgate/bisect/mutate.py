@@ -20,7 +20,7 @@ import random
 from dataclasses import replace
 from typing import Callable
 
-from ..configuration.trace import Event, Trace, gated_places
+from ..configuration.trace import Cancel, Event, Trace, gated_places
 
 Mutation = Callable[[Trace, random.Random, "Shape"], Trace]
 
@@ -88,7 +88,7 @@ def cancel(trace: Trace, rng: random.Random, shape: Shape) -> Trace:
         event2 = replace(event, max_tokens=shape.max_tokens)
         trace, event = _swap(trace, event, event2), event2
     leave = rng.randint(1, event.max_tokens - 1)
-    return _swap(trace, event, replace(event, cancel_steps=leave, cancel_tokens=None, cancel_seconds=None))
+    return _swap(trace, event, replace(event, cancel=Cancel("steps", leave)))
 
 
 def share_prefix(trace: Trace, rng: random.Random, shape: Shape) -> Trace:
@@ -163,9 +163,9 @@ def in_steps(trace: Trace, step_seconds: float) -> Trace:
         return trace
     events = []
     for e in trace.events:
-        cancel_steps = e.cancel_steps
-        if e.cancel_seconds is not None:
-            cancel_steps = max(1, round(e.cancel_seconds / step_seconds))
-            cancel_steps = None if e.gated or cancel_steps >= e.max_tokens else cancel_steps  # leaves after its end
-        events.append(replace(e, offset=float(trace.step_of(e, step_seconds)), cancel_seconds=None, cancel_steps=cancel_steps))
+        cancel = e.cancel
+        if cancel is not None and cancel.unit == "seconds":
+            steps = cancel.leave_step(step_seconds)
+            cancel = None if e.gated or steps >= e.max_tokens else Cancel("steps", steps)  # leaves after its end: never
+        events.append(replace(e, offset=float(trace.step_of(e, step_seconds)), cancel=cancel))
     return Trace(tuple(events), "step", trace.source)

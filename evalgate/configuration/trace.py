@@ -45,6 +45,34 @@ WORDS = ("time year people way day man thing woman life child world school state
 
 
 @dataclass(frozen=True)
+class Cancel:
+    """When a traffic request's client leaves: after `amount` seconds, tokens received, or engine steps.
+    One rule turns it into what each placement counts (a request makes one token a step)."""
+
+    unit: str  # "seconds" | "tokens" | "steps"
+    amount: float
+
+    def leave_step(self, step_seconds: float = DEFAULT_STEP_SECONDS) -> int | None:
+        """Steps after its arrival at which a step-placed replay aborts it (None: a tokens cancel, which
+        leaves when it has received its tokens)."""
+        if self.unit == "tokens":
+            return None
+        return int(self.amount) if self.unit == "steps" else max(1, round(self.amount / step_seconds))
+
+    def leave_seconds(self, step_seconds: float = DEFAULT_STEP_SECONDS) -> float:
+        """Seconds after its arrival at which a timed replay closes it (HTTP cannot count tokens without
+        streaming: a tokens or steps cancel is that many steps' seconds)."""
+        return float(self.amount) if self.unit == "seconds" else self.amount * step_seconds
+
+    def tokens_received(self, step_seconds: float = DEFAULT_STEP_SECONDS) -> int:
+        """How many tokens it has when it leaves (its max_tokens caps it)."""
+        return int(self.amount) if self.unit == "tokens" else self.leave_step(step_seconds)
+
+    def to_json(self) -> float | dict[str, int]:
+        return self.amount if self.unit == "seconds" else {self.unit: int(self.amount)}
+
+
+@dataclass(frozen=True)
 class Event:
     """One line of a trace. `offset` is in the trace's unit (`unit`: "at" seconds or "step" steps)."""
 
@@ -58,13 +86,11 @@ class Event:
     prefix_of: str | None = None
     prefix_tokens: int = 0
     max_tokens: int = 0
-    cancel_seconds: float | None = None
-    cancel_tokens: int | None = None
-    cancel_steps: int | None = None
+    cancel: Cancel | None = None  # when its client leaves (None: it runs to max_tokens)
 
     @property
     def cancels(self) -> bool:
-        return any(c is not None for c in (self.cancel_seconds, self.cancel_tokens, self.cancel_steps))
+        return self.cancel is not None
 
     def to_json(self, unit: str) -> dict[str, Any]:
         """The event as a trace line (what `load_trace` reads back)."""
@@ -80,12 +106,8 @@ class Event:
         if self.prefix_of is not None:
             doc["prefix"] = {"of": self.prefix_of, "tokens": self.prefix_tokens}
         doc["max_tokens"] = self.max_tokens
-        if self.cancel_seconds is not None:
-            doc["cancel_after"] = self.cancel_seconds
-        elif self.cancel_tokens is not None:
-            doc["cancel_after"] = {"tokens": self.cancel_tokens}
-        elif self.cancel_steps is not None:
-            doc["cancel_after"] = {"steps": self.cancel_steps}
+        if self.cancel is not None:
+            doc["cancel_after"] = self.cancel.to_json()
         return doc
 
 
@@ -252,26 +274,24 @@ def parse_event(doc: dict, where: str, line: int, earlier: dict[str, Event]) -> 
             raise ConfigError(f"{where}: `prefix.tokens` = {prefix_tokens} is longer than "
                               f"{'this prompt' if prefix_tokens > tokens else repr(prefix_of)}",
                               fix="share at most the shorter prompt's length")
-    cancel_seconds = cancel_tokens = cancel_steps = None
+    cancel = None
     if "cancel_after" in doc:
-        cancel = doc["cancel_after"]
-        if isinstance(cancel, dict):
-            if len(cancel) != 1 or next(iter(cancel)) not in ("tokens", "steps"):
+        after = doc["cancel_after"]
+        if isinstance(after, dict):
+            if len(after) != 1 or next(iter(after)) not in ("tokens", "steps"):
                 raise ConfigError(f"{where}: `cancel_after` must be seconds, {{\"tokens\": n}} or {{\"steps\": n}}",
                                   fix='e.g. "cancel_after": {"tokens": 4}')
-            (unit, count), = cancel.items()
+            (unit, count), = after.items()
             leave = _whole(count, where, f"cancel_after.{unit}", 1)
             if leave >= max_tokens:  # one token per step: both end with the request's last token
                 raise ConfigError(f"{where}: `cancel_after.{unit}` = {leave} is after the end: the request "
                                   f"finishes at max_tokens = {max_tokens}",
                                   fix=f"cancel after fewer than {max_tokens} {unit}, or remove `cancel_after`")
-            cancel_tokens, cancel_steps = (leave, None) if unit == "tokens" else (None, leave)
+            cancel = Cancel(unit, leave)
         else:
-            cancel_seconds = _seconds(cancel, where, "cancel_after", positive=True)
+            cancel = Cancel("seconds", _seconds(after, where, "cancel_after", positive=True))
     return Event(line, event_id, offset, prompt=prompt, tokens=tokens, prompt_ids=prompt_ids, prefix_of=prefix_of,
-                 prefix_tokens=prefix_tokens,
-                 max_tokens=max_tokens, cancel_seconds=cancel_seconds, cancel_tokens=cancel_tokens,
-                 cancel_steps=cancel_steps)
+                 prefix_tokens=prefix_tokens, max_tokens=max_tokens, cancel=cancel)
 
 
 # --- what a replay submits ------------------------------------------------------------------------------------
@@ -286,13 +306,11 @@ class TraceRequest:
     prompt_ids: tuple[int, ...] | None
     text: str | None
     max_tokens: int
-    cancel_tokens: int | None
-    cancel_steps: int | None
-    cancel_seconds: float | None
+    cancel: Cancel | None
 
     @property
     def cancels(self) -> bool:
-        return any(c is not None for c in (self.cancel_seconds, self.cancel_tokens, self.cancel_steps))
+        return self.cancel is not None
 
 
 @lru_cache(maxsize=8)
@@ -328,7 +346,7 @@ def materialize(trace: Trace, encode: Callable[[str], list[int]], seed: int,
         return ids_of[e.id]
 
     requests = [TraceRequest(e.id, trace.step_of(e, step_seconds), trace.seconds_of(e, step_seconds), ids(e), e.prompt,
-                             e.max_tokens, e.cancel_tokens, e.cancel_steps, e.cancel_seconds) for e in trace.traffic]
+                             e.max_tokens, e.cancel) for e in trace.traffic]
     return requests
 
 
@@ -422,5 +440,5 @@ def trace_record(trace: Trace) -> dict[str, Any]:
     return {**trace.summary(), "source": trace.source}
 
 
-__all__ = ["DEFAULT_STEP_SECONDS", "Event", "Trace", "TraceRequest", "convert_log", "gated_places",
+__all__ = ["DEFAULT_STEP_SECONDS", "Cancel", "Event", "Trace", "TraceRequest", "convert_log", "gated_places",
            "load_trace", "materialize", "parse_trace", "trace_record"]

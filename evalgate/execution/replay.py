@@ -131,10 +131,11 @@ def replay_steps(engine: Engine, trace: Trace, gated: list[Prompt], salts: Salts
                 stats["gated_arrivals"].append({"key": item.key, "step": step, "running": session.running()})
                 session.add_gated(item, salts.requests)
         for request_id, (request, arrived) in list(active.items()):
-            leave = request.cancel_steps if request.cancel_steps is not None else (
-                None if request.cancel_seconds is None else max(1, round(request.cancel_seconds / step_seconds)))
-            if (leave is not None and step - arrived >= leave) or (
-                    request.cancel_tokens is not None and tokens.get(request_id, 0) >= request.cancel_tokens):
+            cancel = request.cancel
+            if cancel is None:
+                continue
+            leave = cancel.leave_step(step_seconds)
+            if (step - arrived >= leave) if leave is not None else tokens.get(request_id, 0) >= cancel.amount:
                 session.abort(request_id)
                 del active[request_id]
                 stats["cancelled"] += 1
@@ -190,10 +191,7 @@ class TimedTraffic:
             self._tasks.append(asyncio.ensure_future(self._one(request)))
 
     def _leave_after(self, request: TraceRequest) -> float | None:
-        if request.cancel_seconds is not None:
-            return request.cancel_seconds
-        count = request.cancel_tokens if request.cancel_tokens is not None else request.cancel_steps
-        return None if count is None else count * self.step_seconds
+        return request.cancel.leave_seconds(self.step_seconds) if request.cancel is not None else None
 
     async def _one(self, request: TraceRequest) -> None:
         self.stats["sent"] += 1

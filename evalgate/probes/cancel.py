@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from ..configuration.prompts import SCORING_TYPES
+from ..configuration.trace import Cancel as TraceCancel
 from ..configuration.trace import Event, Trace
 from .base import AddPass, PlanContext, Probe, Wave, WaveContext
 
@@ -70,7 +71,8 @@ def cancel_trace(max_tokens: int, max_model_len: int, *, aborted: bool = True) -
     events = [Event(0, "gated", 0.0, gated=True)]
     for i in range(CANCELLED):
         leave = 1 + (i * max(1, max_tokens - 1)) // CANCELLED  # from the request's first decode step on
-        events.append(Event(i + 1, f"cancelled-{i}", 0.0, tokens=tokens, max_tokens=max_tokens + 8, cancel_steps=leave)
+        events.append(Event(i + 1, f"cancelled-{i}", 0.0, tokens=tokens, max_tokens=max_tokens + 8,
+                            cancel=TraceCancel("steps", leave))
                       if aborted else Event(i + 1, f"cancelled-{i}", 0.0, tokens=tokens, max_tokens=leave))
     # (the same event ids: a neighbour's prompt is seeded by its id, so both passes share the same neighbours)
     return Trace(tuple(events), "step", "cancel probe" if aborted else "cancel probe's control")

@@ -138,7 +138,7 @@ def test_ci_reports_after_a_weight_swap(cli_env, tmp_path, tiny_model):
     gh("report", "--latest", "--html", tmp_path / "latest.html", "--suite", suite, check=0)
     html = out.read_text(encoding="utf-8")
     assert (tmp_path / "latest.html").read_text(encoding="utf-8") == html
-    assert "default-src &#x27;none&#x27;; style-src &#x27;unsafe-inline&#x27;" in html
+    assert "default-src &#39;none&#39;; style-src &#39;unsafe-inline&#39;" in html
     assert not re.search(r"https?://|src=", html)
     assert html.count('<section class="request') == n
     assert "files changed: " in html and "model.safetensors" in html

@@ -75,7 +75,7 @@ def test_the_cancel_probe_names_the_abort_path_only_where_plain_vllm_shows_it(cl
     # the same steps, finished or aborted
     tokenizer = AutoTokenizer.from_pretrained(str(source.model))
     traffic = materialize(cancel_trace(source.max_tokens, 512), lambda text: list(tokenizer.encode(text)), 0)
-    spec = {"prompt_token_ids": [list(r.prompt_ids) for r in traffic], "leave": [r.cancel_steps for r in traffic],
+    spec = {"prompt_token_ids": [list(r.prompt_ids) for r in traffic], "leave": [r.cancel.leave_step() for r in traffic],
             "max_tokens": traffic[0].max_tokens}
     plan = {"model": str(source.model), "dtype": source.dtype,
             "engine": {"max_model_len": 512, "enforce_eager": True, "seed": 0},

@@ -93,6 +93,7 @@ def test_the_cancel_probes_control_is_its_treatment_with_neighbours_finishing_in
     assert len(treatment) == len(control) == CANCELLED
     for aborted, finished in zip(treatment, control):
         assert (aborted.prompt_ids, aborted.step) == (finished.prompt_ids, finished.step)  # the same neighbour
-        assert finished.cancels is False and aborted.cancel_steps == finished.max_tokens  # leaves on the same step
-        assert aborted.max_tokens > aborted.cancel_steps  # it would have run on: only the abort ends it
-    assert [r.cancel_steps for r in treatment] == sorted({r.cancel_steps for r in treatment})  # one after another
+        assert finished.cancels is False and aborted.cancel.leave_step() == finished.max_tokens  # leaves on the same step
+        assert aborted.cancel.unit == "steps" and aborted.max_tokens > aborted.cancel.amount  # only the abort ends it
+    leaves = [r.cancel.leave_step() for r in treatment]
+    assert leaves == sorted(set(leaves))  # one after another

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from evalgate.bisect.mutate import MUTATIONS, Shape, in_steps, mutate, synthetic_trace
-from evalgate.configuration.trace import gated_places, materialize, parse_trace
+from evalgate.configuration.trace import Cancel, gated_places, materialize, parse_trace
 from evalgate.errors import ConfigError
 
 
@@ -59,7 +59,7 @@ def test_a_trace_in_seconds_is_fuzzed_in_steps():
                               {"at": 0.5, "tokens": 4, "max_tokens": 2, "cancel_after": 1.0}), "t")
     steps = in_steps(trace, 0.02)
     assert steps.unit == "step" and [e.offset for e in steps.events] == [5.0, 25.0]
-    assert [e.cancel_steps for e in steps.events] == [3, None]  # a cancel after its end never happens
+    assert [e.cancel for e in steps.events] == [Cancel("steps", 3), None]  # a cancel after its end never happens
 
 
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
@@ -107,3 +107,18 @@ def test_a_loaded_pass_is_compared_with_the_baselines_only_inside_the_same_trace
     assert "inside trace" in baseline[2].condition_label
     assert [(m.baseline_pass, m.current_pass) for m in matching_passes(baseline, same)] == [(0, 0), (1, 1), (2, 2)]
     assert [(m.baseline_pass, m.current_pass) for m in matching_passes(baseline, other)] == [(0, 0), (1, 1)]
+
+
+def test_one_cancel_value_says_when_a_client_leaves_for_every_placement():
+    """`cancel_after` reads into one Cancel(unit, amount); the step replay, the timed replay and the fuzz
+    control all ask it, so a leave time is computed in one place."""
+    trace = parse_trace(lines({"step": 0, "tokens": 4, "max_tokens": 9, "cancel_after": 0.06},
+                              {"step": 1, "tokens": 4, "max_tokens": 9, "cancel_after": {"tokens": 3}},
+                              {"step": 2, "tokens": 4, "max_tokens": 9, "cancel_after": {"steps": 5}},
+                              {"step": 3, "tokens": 4, "max_tokens": 9}), "t")
+    seconds, tokens, steps, never = (e.cancel for e in trace.traffic)
+    assert (seconds, tokens, steps, never) == (Cancel("seconds", 0.06), Cancel("tokens", 3), Cancel("steps", 5), None)
+    assert [c.leave_step(0.02) for c in (seconds, tokens, steps)] == [3, None, 5]
+    assert [c.leave_seconds(0.02) for c in (seconds, tokens, steps)] == pytest.approx([0.06, 0.06, 0.1])
+    assert [c.tokens_received(0.02) for c in (seconds, tokens, steps)] == [3, 3, 5]
+    assert parse_trace(trace.to_jsonl().splitlines(), "again").events == trace.events  # written back as read
