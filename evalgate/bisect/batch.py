@@ -33,13 +33,13 @@ single, crash-supervised process with no request/response protocol to get wrong.
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..configuration.prompts import Prompt
 from ..configuration.schedule import passes_of
 from ..errors import ConfigError
 from ..judgement.compare import Divergence, first_divergence, within_run
@@ -48,6 +48,7 @@ from ..records import Completion
 from ..store import Store
 from .ddmin import BudgetExhausted, ddmin, naive_trials
 from .repro import ReproBatch, check_request, criterion_of, prompt_of, wave_of, write_repro
+from .search import SearchSetup, TrialEngine, Verification, follow_trials
 from .session import Bisection, Bounds, TrialCallback, TrialOutcome
 from .trials import RunConfig, same, suite_of
 
@@ -76,6 +77,7 @@ class BatchResult:
     seconds: float = 0.0
     repro_dir: str | None = None
     repro_lines: list[str] = field(default_factory=list)
+    exhausted: bool = False  # the bounds ran out during the search
 
     @property
     def naive_concurrency(self) -> int:
@@ -219,27 +221,15 @@ def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro
     # alone, recorded, binary search, ddmin (about 2 log2 n per culprit; assume 2), fresh alone + fresh minimal
     bisection.estimate = 2 + max(0, math.ceil(math.log2(n))) + 4 * max(1, math.ceil(math.log2(max(n, 2)))) + 2
     started = time.monotonic()
-
-    def forward(step: int, estimate: int, message: str) -> None:
-        doc = json.loads(message)
-        bisection.steps, bisection.estimate = step, estimate
-        if on_trial:
-            on_trial(step, estimate, doc["label"], TrialOutcome(doc["outcome"], detail=doc.get("detail", {})), doc["seconds"])
-
-    common = dict(suite=suite, prompts=prompts, order=order, target=key, on=criterion, url=store.url,
-                  session_id=bisection.session_id, suite_name=record.run.suite_name, subject=subject,
-                  max_steps=bounds.max_steps, max_seconds=bounds.max_seconds)
+    forward = follow_trials(bisection, on_trial)
+    search = BatchSearch(prompts, order, key, criterion)
+    setup = SearchSetup(suite, store.url, "batch", bisection.session_id, subject, bounds, estimate=bisection.estimate)
     # the trial engines' own output (vLLM's lines) goes to a log beside the suite, as a run's does
     engine_log = engine_log_path(suite, "bisect-batch")
     with bisection.guard():
-        search = call_in_worker(_search_job, dict(common, steps_done=0, elapsed=0.0, estimate=bisection.estimate),
-                                url=store.url, progress=forward, env=config.worker_env(), engine_log=engine_log)
-        bisection.steps, bisection.estimate = search["steps"], search["estimate"]
-        result.alone, result.flipped = search["alone"], search["flipped"]
-        result.concurrency, result.minimal = search["concurrency"], search["minimal"]
-        result.proven_minimal, result.reason = search["proven_minimal"], search["reason"]
-        result.trials_concurrency, result.trials_ddmin = search["trials_concurrency"], search["trials_ddmin"]
-        result.evidence += search["evidence"]
+        result = call_in_worker(_search_job, {"setup": setup, "search": search, "result": result}, url=store.url,
+                                progress=forward, env=config.worker_env(), engine_log=engine_log)
+        bisection.steps = result.trials
         if result.alone is not None and reference.concurrency == 1:
             exact = same(reference, result.alone, "bits")
             result.evidence.append(f"alone in this engine {'equals' if exact else 'differs from'} run {run_id}'s "
@@ -248,19 +238,16 @@ def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro
         if result.minimal and result.flipped is not None:
             result.status = "found"
             result.divergence = first_divergence(result.alone, result.flipped)
-            if not search["exhausted"]:
-                batch = [k for k in order if k == key or k in result.minimal]
-                verify = call_in_worker(_verify_job, dict(common, steps_done=bisection.steps,
-                                                          elapsed=time.monotonic() - started,
-                                                          estimate=bisection.steps + 2, batch=batch,
-                                                          alone=result.alone, flipped=result.flipped),
-                                        url=store.url, progress=forward, env=config.worker_env(),
-                                        engine_log=engine_log)
-                bisection.steps = verify["steps"]
-                result.reproduced = verify["reproduced"]
-                result.evidence += verify["evidence"]
+            if not result.exhausted:
+                again = replace(setup, steps_done=bisection.steps, elapsed=time.monotonic() - started,
+                                estimate=bisection.steps + 2)
+                verify = call_in_worker(_verify_job, {"setup": again, "search": search, "found": result},
+                                        url=store.url, progress=forward, env=config.worker_env(), engine_log=engine_log)
+                bisection.steps = verify.steps
+                result.reproduced = verify.reproduced
+                result.evidence += verify.evidence
                 if not result.reproduced and not result.reason:
-                    result.reason = verify["reason"]
+                    result.reason = verify.reason
         result.trials = bisection.steps
         result.seconds = time.monotonic() - started
         if repro_dir is not None and result.status == "found":
@@ -281,25 +268,23 @@ def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro
 
 # --- in the engine process ------------------------------------------------------------------------------------
 
-class _Trials:
-    """One engine and a Bisection that records each trial; a batch is tried at most once."""
+@dataclass(frozen=True)
+class BatchSearch:
+    """What the batch search tries: the target among some of its recorded neighbours, in recorded order."""
 
-    def __init__(self, *, suite, prompts, order, target, on, url, session_id, suite_name, subject, max_steps,
-                 max_seconds, steps_done, elapsed, estimate, progress):
-        from ..engines import start_engine
-        from ..store import open_store
+    prompts: dict[str, Prompt]
+    order: list[str]  # target + neighbours, recorded submission order
+    target: str
+    on: str  # tokens | bits
 
-        def relay(step, estimate, label, outcome, seconds):
-            progress(step, estimate, json.dumps({"label": label, "outcome": outcome.outcome, "seconds": seconds},
-                                                default=str))
 
-        self.bisection = Bisection(open_store(url), "batch", suite_name, subject,
-                                   bounds=Bounds(max_steps=max_steps, max_seconds=max_seconds), on_trial=relay,
-                                   session_id=session_id)
-        self.bisection.steps, self.bisection.estimate = steps_done, estimate
-        self.bisection.started -= elapsed  # the bounds count from the start of the whole bisect
-        self.prompts, self.order, self.target, self.on = prompts, order, target, on
-        self.engine = start_engine(suite)
+class _Trials(TrialEngine):
+    """The batch search's trials: one engine, the target's output alone as the reference, and each batch
+    tried at most once."""
+
+    def __init__(self, setup: SearchSetup, search: BatchSearch, progress):
+        super().__init__(setup, progress)
+        self.prompts, self.order, self.target, self.on = search.prompts, search.order, search.target, search.on
         self.reference: Completion | None = None
         self.cache: dict[frozenset, tuple[bool, Completion]] = {}
 
@@ -334,20 +319,21 @@ class _Trials:
         return answer
 
 
-def _search_job(*, order, target, progress, on_run, **kwargs) -> dict:
-    trials = _Trials(order=order, target=target, progress=progress, **kwargs)
+def _search_job(*, setup: SearchSetup, search: BatchSearch, result: BatchResult, progress, on_run) -> BatchResult:
+    """The search, filling in `result`: alone, the recorded batch, the smallest flipping concurrency, then
+    the minimal set of neighbours."""
+    trials = _Trials(setup, search, progress)
+    order, target = search.order, search.target
     neighbours = [k for k in order if k != target]
-    out: dict[str, Any] = {"alone": None, "flipped": None, "concurrency": None, "minimal": [], "proven_minimal": False,
-                           "reason": "", "evidence": [], "trials_concurrency": 0, "trials_ddmin": 0, "exhausted": False}
     try:
         _, alone = trials.batch([], "alone")
-        trials.reference = out["alone"] = alone
+        trials.reference = result.alone = alone
         flips, crowded = trials.batch(neighbours, f"recorded batch ({len(order)} requests)")
         if not flips:
-            out["reason"] = ("the flip does not reproduce in a fresh engine: the target gives the same output alone and "
-                             f"in its recorded batch of {len(order)} (another engine state, prefix-cache hits, or "
+            result.reason = ("the flip does not reproduce in a fresh engine: the target gives the same output alone "
+                             f"and in its recorded batch of {len(order)} (another engine state, prefix-cache hits, or "
                              "timing-dependent scheduling in the recorded run?)")
-            return _finish_job(out, trials)
+            return _finish_job(result, trials)
         # Smallest flipping concurrency along the recorded order: invariant lo does not flip, hi flips.
         lo, hi = 1, len(order)
         before = trials.bisection.steps
@@ -357,10 +343,10 @@ def _search_job(*, order, target, progress, on_run, **kwargs) -> dict:
                 hi = mid
             else:
                 lo = mid
-        out["trials_concurrency"] = trials.bisection.steps - before
-        out["concurrency"] = hi
+        result.trials_concurrency = trials.bisection.steps - before
+        result.concurrency = hi
         prefix = neighbours[: hi - 1]
-        out["flipped"] = trials.batch(prefix, "")[1]  # cached: the trial that decided hi
+        result.flipped = trials.batch(prefix, "")[1]  # cached: the trial that decided hi
         trials.bisection.estimate = trials.bisection.steps + 4 * max(1, math.ceil(math.log2(max(len(prefix), 2)))) + 3
 
         def fails(subset: list[str]) -> bool:
@@ -377,7 +363,7 @@ def _search_job(*, order, target, progress, on_run, **kwargs) -> dict:
         if len(prefix) >= 2 and others:
             swap = [k for k in neighbours if k in others or k in shared]
             size_driven = trials.batch(swap, "control: same size, other neighbours {" + ", ".join(swap) + "}")[0]
-            out["evidence"].append(
+            result.evidence.append(
                 f"control: a batch of the same size ({hi}) with other neighbours ({', '.join(swap)}"
                 + (f"; {len(shared)} shared with the flipping prefix" if shared else "") + ") "
                 + ("flips it too: the batch size matters, not only which neighbours" if size_driven else
@@ -396,42 +382,41 @@ def _search_job(*, order, target, progress, on_run, **kwargs) -> dict:
             minimal, proven = prefix, True  # no neighbour can be left out
         else:
             minimal, proven = ddmin(start, fails)
-        out["trials_ddmin"] = trials.bisection.steps - before
-        out["minimal"], out["proven_minimal"] = minimal, proven
-        out["flipped"] = trials.batch(minimal, "")[1]
+        result.trials_ddmin = trials.bisection.steps - before
+        result.minimal, result.proven_minimal = minimal, proven
+        result.flipped = trials.batch(minimal, "")[1]
         if not proven:
-            out["reason"], out["exhausted"] = "bounds reached during delta debugging: the set is not proven minimal", True
+            result.reason, result.exhausted = "bounds reached during delta debugging: the set is not proven minimal", True
     except BudgetExhausted as exc:
-        out["reason"], out["exhausted"] = str(exc), True
-        if out["concurrency"] is not None and not out["minimal"]:
-            out["minimal"] = neighbours[: out["concurrency"] - 1]
-    return _finish_job(out, trials)
+        result.reason, result.exhausted = str(exc), True
+        if result.concurrency is not None and not result.minimal:
+            result.minimal = neighbours[: result.concurrency - 1]
+    return _finish_job(result, trials)
 
 
-def _finish_job(out: dict, trials: _Trials) -> dict:
-    out["steps"], out["estimate"] = trials.bisection.steps, trials.bisection.estimate
-    return out
+def _finish_job(result: BatchResult, trials: _Trials) -> BatchResult:
+    result.trials = trials.bisection.steps
+    return result
 
 
-def _verify_job(*, batch, alone, flipped, order, target, progress, on_run, **kwargs) -> dict:
-    trials = _Trials(order=order, target=target, progress=progress, **kwargs)
-    out: dict[str, Any] = {"reproduced": False, "reason": "", "evidence": []}
-    minimal = [k for k in batch if k != target]
+def _verify_job(*, setup: SearchSetup, search: BatchSearch, found: BatchResult, progress, on_run) -> Verification:
+    """The minimal batch in a fresh engine: the target alone, then among the minimal neighbours."""
+    trials = _Trials(setup, search, progress)
+    out = Verification()
     try:
         _, fresh_alone = trials.batch([], "verify in a fresh engine: alone")
         trials.reference = fresh_alone
-        flips, fresh = trials.batch(minimal, "verify in a fresh engine: with {" + ", ".join(minimal) + "}")
+        flips, fresh = trials.batch(found.minimal, "verify in a fresh engine: with {" + ", ".join(found.minimal) + "}")
     except BudgetExhausted as exc:
-        out["reason"] = f"{exc} before the minimal batch was verified in a fresh engine"
-        out["steps"] = trials.bisection.steps
+        out.reason = f"{exc} before the minimal batch was verified in a fresh engine"
+        out.steps = trials.bisection.steps
         return out
-    on = trials.on
-    out["reproduced"] = flips
-    out["evidence"].append(
-        f"fresh engine: alone {'==' if same(alone, fresh_alone, 'bits') else '!='} the search's alone, minimal batch "
-        f"{'==' if same(flipped, fresh, 'bits') else '!='} the search's flipped output (bit for bit); the flip "
-        + ("reproduces" if flips else "does NOT reproduce") + f" (on {on})")
+    out.reproduced = flips
+    out.evidence.append(
+        f"fresh engine: alone {'==' if same(found.alone, fresh_alone, 'bits') else '!='} the search's alone, minimal "
+        f"batch {'==' if same(found.flipped, fresh, 'bits') else '!='} the search's flipped output (bit for bit); the "
+        "flip " + ("reproduces" if flips else "does NOT reproduce") + f" (on {search.on})")
     if not flips:
-        out["reason"] = "the minimal batch does not flip the target again in a fresh engine"
-    out["steps"] = trials.bisection.steps
+        out.reason = "the minimal batch does not flip the target again in a fresh engine"
+    out.steps = trials.bisection.steps
     return out

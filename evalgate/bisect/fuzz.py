@@ -36,6 +36,7 @@ from ..records import Completion
 from .ddmin import BudgetExhausted, ddmin
 from .mutate import Shape, in_steps, mutate, synthetic_trace
 from .repro import template
+from .search import SearchSetup, TrialEngine, Verification, follow_trials
 from .session import Bisection, Bounds, TrialCallback, TrialOutcome
 from .trials import same
 
@@ -168,31 +169,21 @@ def fuzz(suite_path: Path | str, *, budget: float, max_trials: int = 1000, keys:
     result = FuzzResult(bisection.session_id, suite.name)
     started = time.monotonic()
 
-    def forward(step: int, estimate: int, message: str) -> None:
-        doc = json.loads(message)
-        if on_trial:
-            on_trial(step, estimate, doc["label"], TrialOutcome(doc["outcome"], detail=doc.get("detail", {})), doc["seconds"])
-
-    common = dict(suite=suite, keys=keys, seed=seed, url=store.url, session_id=bisection.session_id, subject=subject,
-                  step_seconds=step_seconds)
+    forward = follow_trials(bisection, on_trial)
+    setup = SearchSetup(suite, store.url, KIND, bisection.session_id, subject)
+    search = FuzzSearch(keys, seed, step_seconds, seed_trace.to_jsonl() if seed_trace else None, events, budget,
+                        max_trials, shrink_trials)
     engine_log = engine_log_path(suite, "fuzz")
     with bisection.guard():
-        found = call_in_worker(_search_job, dict(common, seed_trace=seed_trace.to_jsonl() if seed_trace else None,
-                                                 events=events,
-                                                 budget=budget, max_trials=max_trials, shrink_trials=shrink_trials),
-                               url=store.url, progress=forward, engine_log=engine_log)
-        for name in ("status", "key", "search_trials", "seed_events", "mutations", "trace", "shrunk", "shrunk_events",
-                     "proven_minimal", "divergence", "reference_ids", "observed_ids", "best", "reason", "engine_seconds",
-                     "engine_start_seconds", "cause"):
-            setattr(result, name, found[name])
-        result.trials = found["trials"]
+        result = call_in_worker(_search_job, {"setup": setup, "search": search, "result": result}, url=store.url,
+                                progress=forward, engine_log=engine_log)
         if result.status == "found" and result.shrunk:
-            verify = call_in_worker(_verify_job, dict(common, shrunk=result.shrunk, key=result.key,
-                                                      trials_done=result.trials),
-                                    url=store.url, progress=forward, engine_log=engine_log)
-            result.reproduced, result.trials = verify["reproduced"], verify["trials"]
-            result.engine_seconds += verify["engine_seconds"]
-            result.engine_start_seconds += verify["engine_start_seconds"]
+            again = replace(setup, steps_done=result.trials, estimate=result.trials)
+            verify = call_in_worker(_verify_job, {"setup": again, "search": search, "found": result}, url=store.url,
+                                    progress=forward, engine_log=engine_log)
+            result.reproduced, result.trials = verify.reproduced, verify.steps
+            result.engine_seconds += verify.engine_seconds
+            result.engine_start_seconds += verify.engine_start_seconds
             if not result.reproduced:
                 result.reason = "the shrunk trace left the output equal to its alone reference in a fresh engine"
             if repro_dir is None:
@@ -205,28 +196,32 @@ def fuzz(suite_path: Path | str, *, budget: float, max_trials: int = 1000, keys:
 
 # --- in the engine process ------------------------------------------------------------------------------------
 
-class _Trials:
-    """One engine, the gated requests' alone references, and a Bisection that stores every replay."""
+@dataclass(frozen=True)
+class FuzzSearch:
+    """What the fuzz search replays: the gated requests (`keys`; None: every generation request), how traces
+    are seeded and placed, where it starts (`seed_trace`, JSONL; None: `events` synthetic ones) and its bounds."""
 
-    def __init__(self, *, suite: Suite, keys, seed, url, session_id, subject, step_seconds, progress, trials_done=0):
-        from ..engines import start_engine
+    keys: list[str] | None
+    seed: int
+    step_seconds: float
+    seed_trace: str | None = None
+    events: int = 8
+    budget: float = 0.0
+    max_trials: int = 0
+    shrink_trials: int = SHRINK_TRIALS
+
+
+class _Trials(TrialEngine):
+    """The fuzz search's trials: one engine, the gated requests' alone references, every replay stored."""
+
+    def __init__(self, setup: SearchSetup, search: FuzzSearch, progress, keys: list[str] | None = None):
         from ..execution.runner import tokenize_prompts
-        from ..store import open_store
 
-        def relay(step, estimate, label, outcome, seconds):
-            progress(step, estimate, json.dumps({"label": label, "outcome": outcome.outcome, "seconds": seconds,
-                                                 "detail": outcome.detail}, default=str))
-
-        t0 = time.monotonic()
-        self.bisection = Bisection(open_store(url), KIND, suite.name, subject, on_trial=relay, session_id=session_id,
-                                   bounds=Bounds(max_steps=10**9, max_seconds=float("inf")))
-        self.bisection.steps = self.bisection.estimate = trials_done
-        self.engine = start_engine(suite)
-        tokenize_prompts(suite, self.engine)  # a prompt that does not fit: exit 2, before any trial
-        self.prompts = gated_prompts(suite, keys)
-        self.seed, self.step_seconds = seed, step_seconds
-        self.engine_started = time.monotonic() - t0
-        self.started = t0
+        super().__init__(setup, progress)
+        tokenize_prompts(setup.suite, self.engine)  # a prompt that does not fit: exit 2, before any trial
+        self.prompts = gated_prompts(setup.suite, keys if keys is not None else search.keys)
+        self.seed, self.step_seconds = search.seed, search.step_seconds
+        self.engine_started = time.monotonic() - self.started
         self.best: dict | None = None
         self.reference = {p.key: self.engine.generate([p], cache_salt=uuid.uuid4().hex)[0] for p in self.prompts}
 
@@ -262,19 +257,19 @@ class _Trials:
         return outcome.detail["changed"], got
 
 
-def _search_job(*, seed_trace, events, budget, max_trials, shrink_trials, progress, on_run, **common) -> dict:
-    trials = _Trials(progress=progress, **common)
+def _search_job(*, setup: SearchSetup, search: FuzzSearch, result: FuzzResult, progress, on_run) -> FuzzResult:
+    """Mutate the seed trace until a gated request's output changes, shrink that trace to a 1-minimal set
+    of events, and tell a cancel's abort path from the neighbours finishing; fills in `result`."""
+    trials = _Trials(setup, search, progress)
     engine = trials.engine
     t0 = time.monotonic()
+    budget, max_trials = search.budget, search.max_trials
     max_tokens = max(int(trials.engine.suite.sampling_for(p)["max_tokens"]) for p in trials.prompts)
     shape = Shape(engine.max_model_len, engine.kv_block_size, engine.capture_sizes, max_tokens)
-    rng = random.Random(common["seed"])
-    seed = in_steps(parse_trace(seed_trace.splitlines(), "seed trace"), common["step_seconds"]) if seed_trace \
-        else synthetic_trace(events, rng, shape)
-    out: dict[str, Any] = {"status": "not_found", "key": None, "seed_events": len(seed.traffic), "mutations": [],
-                           "trace": None, "shrunk": None, "shrunk_events": None, "proven_minimal": False,
-                           "divergence": None, "reference_ids": None, "observed_ids": None, "best": None, "reason": "",
-                           "cause": None}
+    rng = random.Random(search.seed)
+    seed = in_steps(parse_trace(search.seed_trace.splitlines(), "seed trace"), search.step_seconds) \
+        if search.seed_trace else synthetic_trace(search.events, rng, shape)
+    result.seed_events = len(seed.traffic)
     found: tuple[Trace, list[str], dict[str, Completion]] | None = None
     n = 0
     while n < max_trials and time.monotonic() - t0 < budget:
@@ -284,28 +279,29 @@ def _search_job(*, seed_trace, events, budget, max_trials, shrink_trials, progre
         if changed:
             found = (trace, names, got)
             break
-    out["search_trials"] = n
+    result.search_trials = n
     if found is None:
-        out["reason"] = (f"--max-trials {max_trials} reached" if n >= max_trials else f"--budget {budget:g} s spent")
+        result.reason = (f"--max-trials {max_trials} reached" if n >= max_trials else f"--budget {budget:g} s spent")
     else:
         trace, names, got = found
         key = next(p.key for p in trials.prompts if not same(trials.reference[p.key], got[p.key], "bits"))
-        out.update(status="found", key=key, mutations=names, trace=trace.to_jsonl())
-        shrunk, proven = shrink(trials, trace, key, shrink_trials)
+        result.status, result.key, result.mutations, result.trace = "found", key, names, trace.to_jsonl()
+        shrunk, proven = shrink(trials, trace, key, search.shrink_trials)
         target = trials.reference[key]
-        out.update(shrunk=shrunk.to_jsonl() if shrunk else None, shrunk_events=len(shrunk.traffic) if shrunk else None,
-                   proven_minimal=proven, reference_ids=target.output_ids.tolist())
-        out["cause"] = cancel_or_neighbours(trials, shrunk, key) if shrunk else None
+        result.shrunk = shrunk.to_jsonl() if shrunk else None
+        result.shrunk_events = len(shrunk.traffic) if shrunk else None
+        result.proven_minimal, result.reference_ids = proven, target.output_ids.tolist()
+        result.cause = cancel_or_neighbours(trials, shrunk, key) if shrunk else None
         observed = trials.replay(shrunk, [_prompt(trials, key)])[key] if shrunk else got[key]
         div = first_divergence(target, observed)
-        out.update(observed_ids=observed.output_ids.tolist(), divergence=div.to_dict() if div else None)
+        result.observed_ids, result.divergence = observed.output_ids.tolist(), div.to_dict() if div else None
         if shrunk is None:
-            out["reason"] = "the change needs the other gated requests where they were: it was not shrunk"
-    out["trials"] = trials.bisection.steps
-    out["best"] = trials.best
-    out["engine_seconds"] = trials.engine_started + (time.monotonic() - t0)
-    out["engine_start_seconds"] = trials.engine_started
-    return out
+            result.reason = "the change needs the other gated requests where they were: it was not shrunk"
+    result.trials = trials.bisection.steps
+    result.best = trials.best
+    result.engine_seconds = trials.engine_started + (time.monotonic() - t0)
+    result.engine_start_seconds = trials.engine_started
+    return result
 
 
 def _prompt(trials: _Trials, key: str) -> Prompt:
@@ -371,14 +367,14 @@ def cancel_or_neighbours(trials: _Trials, shrunk: Trace, key: str) -> str | None
     return "neighbours" if changed else "cancel"
 
 
-def _verify_job(*, shrunk, key, progress, on_run, **common) -> dict:
-    t0 = time.monotonic()
-    trials = _Trials(progress=progress, keys=[key], **{k: v for k, v in common.items() if k != "keys"})
-    trace = parse_trace(shrunk.splitlines(), "shrunk trace")
+def _verify_job(*, setup: SearchSetup, search: FuzzSearch, found: FuzzResult, progress, on_run) -> Verification:
+    """The shrunk trace replayed in a fresh engine around its one gated request."""
+    trials = _Trials(setup, search, progress, keys=[found.key])
+    trace = parse_trace(found.shrunk.splitlines(), "shrunk trace")
     changed, _ = trials.trial(f"verify in a fresh engine: {len(trace.traffic)} events", trace, trials.prompts,
                               progress_line=False)
-    return {"reproduced": bool(changed), "trials": trials.bisection.steps, "engine_seconds": time.monotonic() - t0,
-            "engine_start_seconds": trials.engine_started}
+    return Verification(reproduced=bool(changed), steps=trials.bisection.steps, engine_seconds=trials.engine_seconds(),
+                        engine_start_seconds=trials.engine_started)
 
 
 # --- the repro pack -------------------------------------------------------------------------------------------
