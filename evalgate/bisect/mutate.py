@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Callable
 
 from ..configuration.trace import Cancel, Event, Trace, gated_places
+from ..engines import defaults
 
 Mutation = Callable[[Trace, random.Random, "Shape"], Trace]
 
@@ -31,8 +32,8 @@ class Shape:
     def __init__(self, max_model_len: int, block_size: int | None, capture_sizes: tuple[int, ...] | None,
                  max_tokens: int):
         self.max_model_len = max_model_len
-        self.block_size = block_size or 16
-        self.edges = tuple(capture_sizes or (1, 2, 4, 8, 16, 32, 64))
+        self.block_size = defaults.kv_block_size(block_size)
+        self.edges = defaults.capture_sizes(capture_sizes)
         self.max_tokens = max(2, max_tokens)
 
     def longest(self, max_tokens: int) -> int:

@@ -7,10 +7,8 @@ engine's config; an engine without CUDA graphs (CPU, eager) uses vLLM's default 
 
 from __future__ import annotations
 
+from ..engines.defaults import capture_sizes
 from .base import AddPass, PlanContext, Probe
-
-# vLLM's default CUDA-graph capture sizes (1, 2, 4, then every 8 up to 512): used where the engine has none.
-DEFAULT_CAPTURE_SIZES = (1, 2, 4, *range(8, 513, 8))
 
 
 class BatchEdges(Probe):
@@ -18,7 +16,7 @@ class BatchEdges(Probe):
     factor = "batch_size"
 
     def plan(self, context: PlanContext, add: AddPass) -> str | None:
-        sizes = [s for s in (context.capture_sizes or DEFAULT_CAPTURE_SIZES) if 2 <= s <= context.requests - 1]
+        sizes = [s for s in capture_sizes(context.capture_sizes) if 2 <= s <= context.requests - 1]
         if not sizes:
             return f"the suite has {context.requests} request(s): a batch edge s-1, s, s+1 needs at least 3"
         edge = max(sizes)

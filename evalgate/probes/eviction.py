@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from ..configuration.prompts import SCORING_TYPES, Prompt
+from ..engines.defaults import kv_block_size
 from .base import COMPANION_PREFIX, AddPass, PlanContext, Probe, Wave, WaveContext
 from .needle import needle_unit
 
@@ -30,7 +31,7 @@ class Eviction(Probe):
     remedy = "an engine fix (block reuse after eviction): report it with the repro pack; more KV-cache memory hides it"
 
     def engine_args(self, context: PlanContext) -> dict:
-        blocks = CAPACITY * -(-context.max_model_len // (context.kv_block_size or 16)) + 1
+        blocks = CAPACITY * -(-context.max_model_len // kv_block_size(context.kv_block_size)) + 1
         return {"num_gpu_blocks_override": blocks, "enable_prefix_caching": True}
 
     def plan(self, context: PlanContext, add: AddPass) -> str | None:
@@ -56,7 +57,7 @@ class Eviction(Probe):
         return f"eviction: cold→recomputed after its cached prefix was evicted ({other.engine_args})"
 
     def proof(self, engine, before: Any, outputs) -> tuple[dict[str, Any], str | None]:
-        block = engine.kv_block_size or 16
+        block = kv_block_size(engine.kv_block_size)
         counts = [c.cached_tokens for c in outputs if len(c.prompt_ids) >= block]  # a shorter one caches nothing
         hit = sum(1 for n in counts if n)
         figures = {"evicted": sum(1 for n in counts if n == 0), "still_cached": hit,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..configuration.schedule import HOT
+from ..engines.defaults import kv_block_size
 from .base import AddPass, PlanContext, Probe
 
 
@@ -21,7 +22,7 @@ class Preemption(Probe):
 
     def engine_args(self, context: PlanContext) -> dict:
         # one request of max_model_len (vLLM wants a block more); stats on: the preemption counter
-        blocks = -(-context.max_model_len // (context.kv_block_size or 16)) + 1
+        blocks = -(-context.max_model_len // kv_block_size(context.kv_block_size)) + 1
         return {"num_gpu_blocks_override": blocks, "disable_log_stats": False}
 
     def plan(self, context: PlanContext, add: AddPass) -> str | None:
