@@ -18,8 +18,9 @@ A condition with `"neighbours": {"prompt_token_ids": [[...], ...], "leave": [ste
 `step`, `abort_request`): they arrive with it (added first), and neighbour i leaves after `leave[i]` steps:
 aborted there (`abort`), or finished there by its own `max_tokens = leave[i]`.
 
-result.json: {"conditions": {name: {key: {"ids", "logprob_bits", "cached_tokens"}}}}, with each sampled
-token's logprob as the hex of its float64 bits; a rescoring's entries have "ids" (the tokens rescored),
+result.json: {"conditions": {name: {key: {"ids", "logprob_bits", "cached_tokens", "margins"}}}}, with each
+sampled token's logprob as the hex of its float64 bits and each position's top-1 minus top-2 logprob (waves;
+not the neighbours' conditions); a rescoring's entries have "ids" (the tokens rescored),
 "logprobs" (each one's) and "top" ([top-1 id, top-1 logprob] at each position). Deliberately free of evalgate imports, so that what the
 gate reports can be checked against what vLLM itself does on this machine.
 """
@@ -67,7 +68,7 @@ def main(plan_path: str, result_path: str) -> None:
                 logprobs = [step[token].logprob for token, step in zip(sample.token_ids, sample.logprobs)]
                 outputs[key] = {"ids": list(sample.token_ids),
                                 "logprob_bits": [struct.pack("<d", lp).hex() for lp in logprobs],
-                                "cached_tokens": out.num_cached_tokens}
+                                "cached_tokens": out.num_cached_tokens, "margins": [margin(step) for step in sample.logprobs]}
         results[condition["name"]] = outputs
     with open(result_path, "w", encoding="utf-8") as f:
         json.dump({"conditions": results}, f)
@@ -104,6 +105,12 @@ def among_neighbours(llm, prompts: dict, condition: dict, params) -> dict:
         outputs[key] = {"ids": list(sample.token_ids), "logprob_bits": [struct.pack("<d", lp).hex() for lp in logprobs],
                         "cached_tokens": done.num_cached_tokens}
     return outputs
+
+
+def margin(step: dict) -> float | None:
+    """Top-1 minus top-2 logprob at one position (what a token flip's class is judged by)."""
+    top = sorted((lp.logprob for lp in step.values()), reverse=True)
+    return top[0] - top[1] if len(top) > 1 else None
 
 
 def rescore(llm, prompts: dict, name: str, tokens: dict, k: int) -> dict:

@@ -92,6 +92,8 @@ class VarianceSource:
     token_flips: dict[str, list[str]]  # gate factor -> those whose token ids differ
     cache_hits: int  # requests of the hot condition served from the prefix cache
     table: str
+    # gate factor -> {flipping key: the reference's top-1 minus top-2 logprob where its tokens first differ}
+    flip_margins: dict[str, dict[str, float]]
 
     @property
     def prompts(self) -> list[str]:
@@ -143,15 +145,27 @@ def run_plain_vllm(plan: dict, work: Path, env: dict[str, str]) -> dict:
     return json.loads((work / "result.json").read_text(encoding="utf-8"))["conditions"]
 
 
-def findings(results: dict) -> tuple[dict[str, list[str]], dict[str, list[str]], int]:
-    differing, flips = {}, {}
+def findings(results: dict) -> tuple[dict[str, list[str]], dict[str, list[str]], int, dict[str, dict[str, float]]]:
+    """Per factor the requests that differ and those whose tokens flip, the hot condition's cache hits, and
+    per flip the reference's top-1 minus top-2 margin where the tokens first differ (what its class is)."""
+    differing, flips, margins = {}, {}, {}
     for condition, (reference, factor) in COMPARISONS.items():
         ref, other = results[reference], results[condition]
         differing[factor] = sorted(k for k in ref if (ref[k]["ids"], ref[k]["logprob_bits"]) !=
                                    (other[k]["ids"], other[k]["logprob_bits"]))
         flips[factor] = sorted(k for k in ref if ref[k]["ids"] != other[k]["ids"])
+        margins[factor] = {}
+        for k in flips[factor]:
+            a, b = ref[k]["ids"], other[k]["ids"]
+            at = first_difference(a, b)
+            if at < min(len(a), len(b)):  # a token chosen differently (not one output ending sooner)
+                margins[factor][k] = ref[k]["margins"][at]
     hits = sum(1 for out in results["hot"].values() if out["cached_tokens"])
-    return differing, flips, hits
+    return differing, flips, hits, margins
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def survey(models_dir: Path, env: dict[str, str]) -> dict:
@@ -162,14 +176,20 @@ def survey(models_dir: Path, env: dict[str, str]) -> dict:
     for candidate in candidates():
         model = cached_model(models_dir, candidate.preset)
         t0 = time.monotonic()
-        differing, flips, hits = findings(raw_conditions(candidate, model, models_dir / "survey" / candidate.preset, env))
+        differing, flips, hits, margins = findings(raw_conditions(candidate, model, models_dir / "survey" / candidate.preset,
+                                                                  env))
         rows.append({"candidate": candidate.name, "seconds": round(time.monotonic() - t0, 1), "requests": len(candidate.prompts),
                      "cache_hits": hits, "differing": {f: len(k) for f, k in differing.items()},
                      "token_flips": {f: len(k) for f, k in flips.items()}})
+        found = {"candidate": candidate.name, "model": str(model), "differing": differing, "token_flips": flips,
+                 "cache_hits": hits, "flip_margins": margins}
         if differing["batch_size"]:
-            chosen = {"candidate": candidate.name, "model": str(model), "differing": differing, "token_flips": flips,
-                      "cache_hits": hits}
-            break
+            chosen = chosen or found
+            # the first that also drifts in logprob bits alone (what fail_on = "tokens" lets pass) is preferred:
+            # every CPU measured has one (docs/conditions.md), so the drift assertions run on every machine
+            if set(differing["batch_size"]) - set(flips["batch_size"]):
+                chosen = found
+                break
     return {"chosen": chosen, "rows": rows}
 
 
@@ -201,4 +221,4 @@ def variance_source(models_dir, cli_env) -> VarianceSource:
                     f"vLLM. The negative controls need one; add a candidate to tests/variance.py.\n{table}")
     candidate = next(c for c in candidates() if c.name == chosen["candidate"])
     return VarianceSource(candidate, Path(chosen["model"]), chosen["differing"], chosen["token_flips"],
-                          chosen["cache_hits"], table)
+                          chosen["cache_hits"], table, chosen["flip_margins"])

@@ -229,11 +229,12 @@ def test_a_trace_replayed_against_the_server_is_recorded_as_it_happened(key_cli,
     assert (loaded["placement"], loaded["sent"], loaded["completed"], loaded["cancelled"], loaded["failed"],
             loaded["stopped"]) == ("timed", 4, 2, 2, 0, 0)
     [wave] = loaded["waves"]
-    # the achieved skew is recorded, not bounded here: on a busy 2-core runner the event loop may be late
-    assert wave["unsent"] == 0 and loaded["max_skew_seconds"] >= 0
+    # the achieved skew is recorded: never early, and late by less than the 8-token requests take to run (a
+    # busy 2-core runner's event loop is late by milliseconds; seconds would be a replay that lost its clock)
+    assert wave["unsent"] == 0 and 0 <= loaded["max_skew_seconds"] < 5
     arrivals = wave["gated_arrivals"]
     assert [a["key"] for a in arrivals] == ["p000", "p001", "p002", "p003"] and {a["seconds"] for a in arrivals} == {0.1}
-    assert all(a["skew_seconds"] >= 0 for a in arrivals) and all(a["running"] is not None for a in arrivals)
+    assert all(0 <= a["skew_seconds"] < 5 for a in arrivals) and all(a["running"] is not None for a in arrivals)
     # the trace's own are never stored: the 4 gated requests, and the baseline's rescoring of their tokens
     assert db_query(database_url(suite), "select pass_index, count(*) from outputs group by pass_index") == [
         (-1, 4), (0, 4)]

@@ -123,12 +123,14 @@ def test_fuzz_finds_where_this_machine_varies_and_the_shrunk_trace_reproduces_in
     seed = [{"step": 0, "id": k, "prompt": p, "max_tokens": source.max_tokens}
             for k, p in zip(keys, source.prompts) if k != key] + [{"step": 0, "gated": True}]
     (ws / "seed.jsonl").write_text("".join(json.dumps(e) + "\n" for e in seed))
-    proc = cli("fuzz", suite, "--key", key, "--trace", ws / "seed.jsonl", "--max-trials", "10", "--shrink-trials", "40",
+    proc = cli("fuzz", suite, "--key", key, "--trace", ws / "seed.jsonl", "--max-trials", "10", "--shrink-trials", "200",
                "--repro", tmp_path / "pack", "--json-report", tmp_path / "f.json")
     doc = read_json(tmp_path / "f.json")
     assert proc.returncode == 0 and doc["status"] == "found", proc.stdout[-3000:] + proc.stderr[-3000:]
     assert doc["key"] == key and doc["reproduced"] is True
-    assert 1 <= doc["shrunk_events"] <= len(seed) - 1
+    # shrunk to a set no single event of which can be left out (ddmin's proof: every one-event removal tried)
+    assert 1 <= doc["shrunk_events"] <= len(seed) - 1 and doc["proven_minimal"] is True
+    assert doc["trials"] - doc["search_trials"] >= doc["shrunk_events"]
     print(f"fuzz on {source.candidate.name}: found at trial {doc['search_trials']}, shrunk {len(seed) - 1} -> "
           f"{doc['shrunk_events']} events (1-minimal: {doc['proven_minimal']}), {doc['trials']} trials, "
           f"{doc['trials_per_engine_minute']:.1f} per engine-minute")

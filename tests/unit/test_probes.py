@@ -13,7 +13,9 @@ from evalgate.probes import BUILTIN_PROBES, PRESETS, PlanContext, Probe, get_pro
 def test_every_builtin_probe_is_its_module_and_its_factor_has_words_and_a_remedy(name):
     probe = get_probe(name)
     assert isinstance(probe, Probe) and probe.name == name
-    assert probe.factor in SCHEDULE_FACTORS or probe.words  # a factor of its own says how people read it
+    # either it changes a factor of the schedule's (whose words are the schedule's), or a factor of its own,
+    # which it names for people: never both, never neither
+    assert (probe.factor in SCHEDULE_FACTORS) != bool(probe.words), (probe.factor, probe.words)
     assert probe.factor in factor_table() and remedy(probe.factor)  # reports can name it and its remedy
 
 
