@@ -1,0 +1,71 @@
+"""Bad input that never reaches an engine, through the CLI on the fake engine (moved from the e2e tier: what
+is refused is the same whatever the engine): a clear message naming the file and field, exit 2, and nothing
+written. The checks that need real vLLM (engine arguments, prompt lengths) stay in tests/e2e/test_e2e_errors.py."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+
+from helpers import write_suite
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_missing_model_dir(inline_cli, tmp_path):
+    suite = write_suite(tmp_path, tmp_path / "no-such-model", ["hello"], kind="fake")
+    proc = inline_cli("baseline", "create", suite, check=2)
+    assert str(suite) in proc.stderr and "engine.model" in proc.stderr and "fix:" in proc.stderr
+    assert not (tmp_path / "evalgate.sqlite").exists()
+
+
+def test_malformed_suite_file(inline_cli, tmp_path, fake_model):
+    suite = write_suite(tmp_path, fake_model, ["hello"], kind="fake")
+    suite.write_text(suite.read_text() + "\n[schedule\nconcurrency = 3\n")
+    proc = inline_cli("check", suite, check=2)
+    assert str(suite) in proc.stderr and "malformed TOML" in proc.stderr
+    assert not (tmp_path / "evalgate.sqlite").exists()
+
+
+def test_wrong_type_names_the_field(inline_cli, tmp_path, fake_model):
+    suite = write_suite(tmp_path, fake_model, ["hello"], kind="fake")
+    suite.write_text(suite.read_text().replace("max_tokens = 16", 'max_tokens = "lots"'))
+    proc = inline_cli("baseline", "create", suite, check=2)
+    assert "sampling.max_tokens" in proc.stderr and "integer" in proc.stderr
+
+
+def test_empty_prompts_file(inline_cli, tmp_path, fake_model):
+    suite = write_suite(tmp_path, fake_model, ["hello"], kind="fake")
+    (tmp_path / "prompts.jsonl").write_text("\n")
+    proc = inline_cli("baseline", "create", suite, check=2)
+    assert "prompts.jsonl" in proc.stderr and "empty" in proc.stderr
+    assert not (tmp_path / "evalgate.sqlite").exists()
+
+
+def test_database_from_newer_schema_is_refused_untouched(inline_cli, tmp_path, fake_model):
+    suite = write_suite(tmp_path, fake_model, ["hello"], kind="fake")
+    from evalgate.store import Store
+
+    db = tmp_path / "evalgate.sqlite"
+    Store(f"sqlite:///{db}").database.dispose()  # a real evalgate database (not this process's cached store)...
+    conn = sqlite3.connect(db)  # ...as a future evalgate would leave it
+    with conn:
+        conn.execute("update alembic_version set version_num = '9999_from_the_future'")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    before = digest(db)
+    proc = inline_cli("check", suite, check=2)
+    assert "newer evalgate" in proc.stderr and "9999_from_the_future" in proc.stderr and str(db) in proc.stderr
+    assert digest(db) == before
+
+
+def test_not_a_database_file_is_refused_untouched(inline_cli, tmp_path, fake_model):
+    suite = write_suite(tmp_path, fake_model, ["hello"], kind="fake")
+    db = tmp_path / "evalgate.sqlite"
+    db.write_bytes(b"these are my notes, not a database\n" * 10)
+    before = digest(db)
+    proc = inline_cli("baseline", "create", suite, check=2)
+    assert "not an evalgate database" in proc.stderr and str(db) in proc.stderr
+    assert digest(db) == before
