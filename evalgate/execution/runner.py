@@ -27,7 +27,7 @@ from ..store import Store
 from .replay import Salts
 from .request import Progress, RunRequest, Timings
 from .rescore import rescore_run
-from .traffic import Plain, traffic_for
+from .traffic import Traffic, traffic_for
 
 OnRun = Callable[[int], None]  # called with the run id once the run row exists
 
@@ -306,7 +306,7 @@ class Recording:
             return False
         return True
 
-    def submit(self, pass_: Pass, index: int, wave: Wave, traffic: Plain) -> tuple[list[Completion], float]:
+    def submit(self, pass_: Pass, index: int, wave: Wave, traffic: Traffic) -> tuple[list[Completion], float]:
         """One wave through the pass's traffic: its recorded requests' outputs, placed in the pass, and the
         wave's seconds."""
         if self.plan.request.cold_waves:

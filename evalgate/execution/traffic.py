@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     from ..records import Completion
 
 
-class Plain:
-    """The wave submitted together, nothing else in the engine (a probe's wave with a trace: replayed in it)."""
+class Traffic:
+    """What every traffic shares: the pass runs inside `during`, each wave through `run` (a wave that carries
+    its own trace, a probe's, is replayed in it), and `pass_stats` is what the traffic did."""
 
     def __init__(self, seed: int = 0, step_seconds: float = DEFAULT_STEP_SECONDS):
         self.seed, self.step_seconds = seed, step_seconds
@@ -54,7 +55,11 @@ class Plain:
         return completions, stats
 
 
-class Replay(Plain):
+class Plain(Traffic):
+    """The wave submitted together, nothing else in the engine."""
+
+
+class Replay(Traffic):
     """Each wave at its places in one replay of the suite's `[load] trace` (execution/replay.py)."""
 
     def __init__(self, trace: Trace, seed: int = 0, step_seconds: float = DEFAULT_STEP_SECONDS):
@@ -65,7 +70,7 @@ class Replay(Plain):
         return self._replayed(engine, wave.trace or self.trace, wave, salts)
 
 
-class Filler(Plain):
+class Filler(Traffic):
     """The pass runs while filler requests keep the server's batch full (`[load]` without a trace): the
     engine's `under_load` sends them on its event loop (`FillerTraffic`)."""
 
@@ -86,7 +91,7 @@ class Filler(Plain):
         return super().pass_stats() or self.stats
 
 
-def traffic_for(pass_: Pass, schedule: Schedule, trace: Trace | None) -> Plain:
+def traffic_for(pass_: Pass, schedule: Schedule, trace: Trace | None) -> Traffic:
     """A pass's traffic: the suite's `[load]` for the schedule passes it applies to (`trace`: its trace, read
     once per run), else plain. A probe's passes are never loaded: their one factor is the probe's."""
     load = schedule.load
