@@ -7,7 +7,8 @@ plan.json: {"model", "dtype", "engine": {vLLM engine args}, "sampling": {Samplin
 Conditions run in the plan's order in one engine. Every request of a condition carries the cache salt
 `salt/key`: a new salt is a cold prefix cache, a salt used before is a hot one. A condition is split into
 waves of `concurrency` requests submitted together; `order_seed` shuffles the prompts first with Python's
-`random.Random(seed).shuffle`, as a shuffled pass does.
+`random.Random(seed).shuffle`, as a shuffled pass does. `"batch": [keys]` runs only those requests, in
+that order (one wave when `concurrency` is their number).
 
 A condition with `"rescore": {key: [token ids]}` (or the name of an earlier condition: its outputs) runs no
 generation: each request's prompt ids followed by those tokens, alone, one prefill (`prompt_logprobs`), as a
@@ -55,7 +56,7 @@ def main(plan_path: str, result_path: str) -> None:
         if "neighbours" in condition:
             results[condition["name"]] = among_neighbours(llm, prompts, condition, params)
             continue
-        keys = list(prompts)
+        keys = list(condition.get("batch") or prompts)  # "batch": only these requests, as one wave
         if condition.get("order_seed") is not None:
             random.Random(condition["order_seed"]).shuffle(keys)
         size = condition["concurrency"]

@@ -54,6 +54,22 @@ def _run_script(script: Path, env: dict, cwd: Path) -> subprocess.CompletedProce
     return subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+def _plain_batches(pack: Path, batches: dict[str, list[str]], env: dict, work: Path) -> dict:
+    """Plain vLLM (tests/raw_vllm.py) with the pack's model, engine arguments and requests: each named batch
+    submitted as one wave, cold."""
+    from variance import run_plain_vllm
+
+    engine = read_json(pack / "engine.json")
+    args = dict(engine["engine_args"])  # as the pack's own script starts its engine
+    dtype = args.pop("dtype", None) or engine.get("recorded", {}).get("dtype") or "auto"
+    requests = read_json(pack / "requests.json")["requests"]
+    plan = {"model": engine["model"], "dtype": dtype, "engine": args, "sampling": dict(requests[0]["sampling"]),
+            "prompts": [{"key": r["id"], "prompt_token_ids": r["prompt_token_ids"]} for r in requests],
+            "conditions": [{"name": name, "batch": keys, "concurrency": len(keys), "salt": name}
+                           for name, keys in batches.items()]}
+    return run_plain_vllm(plan, work / "plain", {k: v for k, v in env.items() if k != "COLUMNS"})
+
+
 def _imports(script: Path) -> set[str]:
     tree = ast.parse(script.read_text(encoding="utf-8"))
     names = set()
@@ -117,6 +133,15 @@ def test_bisect_batch_finds_a_minimal_neighbour_set_that_reproduces(recorded, cl
     assert run.returncode == 0, f"{run.stdout}\n{run.stderr[-4000:]}"
     assert "VERDICT: REPRODUCED" in run.stdout
     assert f"first difference at output token {div['position']}" in run.stdout
+    # and plain vLLM agrees that the set is minimal: with any one of its neighbours left out, the target
+    # gives its output alone again (one engine, every batch as one wave, on the criterion the bisect used)
+    order = next(b["requests"] for b in batches["batches"] if len(b["requests"]) > 1)
+    plain = _plain_batches(pack, {"alone": [key], "minimal": order,
+                                  **{f"without {m}": [k for k in order if k != m] for m in minimal}}, cli_env, tmp_path)
+    fields = ("ids",) if doc["on"] == "tokens" else ("ids", "logprob_bits")
+    target = {name: tuple(tuple(out[key][f]) for f in fields) for name, out in plain.items()}
+    assert target["minimal"] != target["alone"]
+    assert all(target[f"without {m}"] == target["alone"] for m in minimal), {n: t[0] for n, t in target.items()}
 
 
 def test_repro_pack_reproduces_the_recorded_divergence(recorded, cli_env, tmp_path):
