@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .collector import collector_paused
+from .configuration.policy import GatePolicy
 from .configuration.schedule import ROTATING, Schedule, rotating_problem, with_overrides
 from .configuration.shard import Shard
 from .configuration.suite import Suite
@@ -41,11 +42,11 @@ def judge_runs(store: Store, run_id: int, baseline_run_id: int | None, *, kind: 
 
 
 def judge_records(store: Store, current: RunRecord, baseline: RunRecord | None, *, kind: str, strict: bool = False,
-                  in_scope=lambda key: True) -> Report:
+                  in_scope=lambda key: True, policy: GatePolicy | None = None) -> Report:
     """The whole judgement, built in one place: the verdicts and beside them the lm-eval metrics, what
     changed in the tasks' identity, the rotating preset's alone coverage and where the engine's own output
     went."""
-    report = judge(current, baseline, kind=kind, strict=strict, in_scope=in_scope)
+    report = judge(current, baseline, kind=kind, strict=strict, in_scope=in_scope, policy=policy)
     if baseline is not None and baseline.run.hardware_class != current.run.hardware_class:
         report.hardware = judge_across(report, current, baseline, *rescorings(store, current, baseline), report.policy)
     report.metrics = compare_scores(store, current.id, baseline.id if baseline else None,
@@ -88,6 +89,7 @@ class Judging:
     allow_variance: bool = False
     shard: Shard | None = None
     in_scope: Callable[[str], bool] | None = None
+    policy: GatePolicy | None = None  # what fails (None: the policy recorded with the run)
 
     def scope(self) -> Callable[[str], bool]:
         return self.in_scope or (self.shard.contains if self.shard else (lambda key: True))
@@ -102,11 +104,11 @@ def judge_and_finish(store: Store, run_id: int, judging: Judging, timings: Timin
             current = store.load(run_id)
             baseline = store.load(judging.baseline_run_id) if judging.baseline_run_id is not None else None
             report = judge_records(store, current, baseline, kind=judging.kind, strict=judging.strict,
-                                   in_scope=judging.scope())
+                                   in_scope=judging.scope(), policy=judging.policy)
             report.hardware_class = current.run.hardware_class
             report.hardware_label = hardware_label(current.fingerprint.get("hardware") or {})
             report.promoted = promotes(report, allow_variance=judging.allow_variance, shard=judging.shard)
-        stored = current.run.schedule or {}
+        stored = {**(current.run.schedule or {}), "gate": report.policy.to_dict()}  # the policy it was judged under
         store.finish_run(
             run_id, status="complete", verdict=report.status, exit_code=int(report.exit_code),
             summary=report.counts, verdicts=[v.to_dict() for v in report.verdicts if v.verdict != "stable"],
@@ -263,8 +265,9 @@ def check(suite: Suite, store: Store | str | None = None, *, schedule: Schedule 
 def merge(suite: Suite, group: str, *, kind: str = "check", store: Store | str | None = None,
           strict: bool = False, allow_variance: bool = False) -> Report:
     """Join the shard runs of `group` into one run of the whole suite and judge it as one: a check against
-    the baseline, or (kind "baseline") a new baseline. Refuses an incomplete set of shards, and shards
-    whose identity differs (a merged verdict over different stacks would mean nothing)."""
+    the baseline, or (kind "baseline") a new baseline, under the suite's `[gate]` policy (as the merge command
+    gives it: `--fail-on` included), recorded with the merged run. Refuses an incomplete set of shards, and
+    shards whose identity differs (a merged verdict over different stacks would mean nothing)."""
     url = _database(suite, store)
     store = open_store(url, create=False)
     latest: dict[str, Run] = {}
@@ -310,7 +313,9 @@ def merge(suite: Suite, group: str, *, kind: str = "check", store: Store | str |
         baseline_run_id = (find_baseline(suite, store, url, here=fingerprint["hardware"]).run_id if kind == "check"
                            else None)
         keys = {key for rec in members for key in rec.requests}
-        judging = Judging(kind, baseline_run_id, strict=strict, allow_variance=allow_variance, in_scope=keys.__contains__)
+        # judged under the merge's policy (the suite's [gate], or --fail-on), never silently the first shard's
+        judging = Judging(kind, baseline_run_id, strict=strict, allow_variance=allow_variance, in_scope=keys.__contains__,
+                          policy=suite.gate)
         reports.append(judge_and_finish(store, merged_id, judging))
     return reports[0] if len(reports) == 1 else combine(reports)
 

@@ -5,6 +5,7 @@ produced on real vLLM in tests/e2e/test_e2e_gate.py."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 from helpers import GREEN_PROMPTS, bare_model, database_url, db_baselines, db_query, green_path, read_json, write_suite
@@ -79,3 +80,17 @@ def test_two_shards_merge_to_the_unsharded_verdict(inline_cli, tmp_path, fake_mo
     refused = inline_cli("check", suite, "--merge", "--group", "c2", check=3)
     assert "missing shards 2/3, 3/3" in refused.stderr
     inline_cli("check", suite, "--shard", "1/2", check=2)  # --shard without --group
+
+
+def test_a_merge_is_judged_under_its_own_fail_on(inline_cli, tmp_path, fake_model):
+    """--fail-on on the merge command is the merged run's policy, recorded with it; never the first shard's."""
+    suite = write_suite(tmp_path / "ws", fake_model, GREEN_PROMPTS[:4], concurrency=(1, 2), shuffles=0, kind="fake")
+    for i in (1, 2):
+        inline_cli("baseline", "create", suite, "--shard", f"{i}/2", "--group", "g", check=0)  # recorded on bits
+    inline_cli("baseline", "create", suite, "--merge", "--group", "g", "--fail-on", "tokens",
+               "--json-report", tmp_path / "m.json", check=0)
+    merged = read_json(tmp_path / "m.json")
+    assert merged["gate"]["fail_on"] == "tokens" and merged["differences"]["fail_on"] == "tokens"
+    ((schedule,),) = db_query(database_url(suite), "select schedule from runs where id = :r", r=merged["run_id"])
+    stored = json.loads(schedule) if isinstance(schedule, str) else schedule
+    assert stored["gate"]["fail_on"] == "tokens" and stored["report"]["gate"]["fail_on"] == "tokens"
