@@ -112,7 +112,7 @@ def judge_and_finish(store: Store, run_id: int, judging: Judging, timings: Timin
         store.finish_run(
             run_id, status="complete", verdict=report.status, exit_code=int(report.exit_code),
             summary=report.counts, verdicts=[v.to_dict() for v in report.verdicts if v.verdict != "stable"],
-            schedule={**stored, "timings": dict(timings), "report": report.to_dict()},
+            schedule={**stored, "timings": dict(timings), "report": report_record(report)},
             baseline_run_id=judging.baseline_run_id,
             promote=report.promoted,
         )
@@ -120,6 +120,12 @@ def judge_and_finish(store: Store, run_id: int, judging: Judging, timings: Timin
         store.mark_incomplete(run_id, "failed", f"{type(exc).__name__}: {exc}")
         raise
     return report
+
+
+def report_record(report: Report) -> dict:
+    """The report as stored with its run: `to_dict` less the requests, which the run's verdict rows hold
+    (the same objects, stored once)."""
+    return {k: v for k, v in report.to_dict().items() if k != "requests"}
 
 
 def stored_section(run: Run, name: str):
@@ -136,7 +142,7 @@ def stored_report(store: Store, run_id: int) -> Report | None:
     run = store.get_run(run_id)
     schedule = run.schedule or {}
     if schedule.get("report") is not None:
-        return Report.from_dict(schedule["report"])
+        return Report.from_dict({**schedule["report"], "requests": store.verdicts(run_id)})
     if run.status != "complete" or run.kind not in ("baseline", "check") or run.verdict is None:
         return None
     with collector_paused():
@@ -146,7 +152,7 @@ def stored_report(store: Store, run_id: int) -> Report | None:
     report.hardware_class = run.hardware_class
     report.hardware_label = hardware_label(current.fingerprint.get("hardware") or {})
     report.promoted = store.baseline_for(run.suite_name, run.hardware_class) == run_id
-    store.update_schedule(run_id, {**schedule, "report": report.to_dict()})
+    store.update_schedule(run_id, {**schedule, "report": report_record(report)})
     return report
 
 

@@ -63,6 +63,7 @@ class RequestVerdict:
             "components": self.components,
             "factor": self.factor,
             "bits_only": self.bits_only if self.kinds else None,
+            "kinds": sorted(self.kinds),
             "max_delta": self.max_delta,
             "flip": self.flip,
             "across": self.across,
@@ -77,7 +78,9 @@ class RequestVerdict:
             key=data["key"], verdict=data["verdict"], location=data.get("location"),
             divergence=Divergence(**{k: v for k, v in div.items() if k in fields}) if div else None,
             passes=data.get("passes"), components=list(data.get("components") or []), factor=data.get("factor"),
-            kinds=frozenset({BITS_ONLY} if data.get("bits_only") else ()), max_delta=data.get("max_delta"),
+            # `kinds` since reports were stored; before, only whether the difference was in logprob bits alone
+            kinds=frozenset(data["kinds"] if "kinds" in data else ({BITS_ONLY} if data.get("bits_only") else ())),
+            max_delta=data.get("max_delta"),
             flip=data.get("flip"), across=data.get("across"),
         )
 

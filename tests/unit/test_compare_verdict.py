@@ -297,7 +297,7 @@ def test_report_to_dict_schema():
     assert d["batch_invariance"] == {"requested": True, "in_force": False, "reason": "cpu"}
     assert [r["key"] for r in d["requests"]] == ["b"]  # stable requests are left out
     assert set(d["requests"][0]) == {"key", "verdict", "location", "divergence", "passes", "components", "factor",
-                                     "bits_only", "max_delta", "flip", "across"}
+                                     "bits_only", "kinds", "max_delta", "flip", "across"}
     assert d["requests"][0]["across"] is None and d["hardware"] is None  # one hardware class
     assert d["requests"][0]["divergence"]["position"] == 0
     json.dumps(d, allow_nan=False)

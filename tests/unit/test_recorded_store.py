@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from evalgate import gate
+from evalgate.judgement.verdict import Report
 from evalgate.records import output_digest
 from evalgate.store import Store
 
@@ -48,6 +49,10 @@ def test_every_recorded_run_is_judged_as_it_was(store):
         added = {"across"}
         got = [v.to_dict() for v in report.verdicts if v.verdict != "stable"]
         assert all(d.pop(name) is None for d in got for name in added), run.id
+        # `kinds`, new too, agrees with the recorded `bits_only`: logprob alone is drift, none for new/missing
+        for d in got:
+            kinds = d.pop("kinds")
+            assert (kinds == ["logprob"]) is (d["bits_only"] is True) and (kinds == []) is (d["bits_only"] is None), d
         assert canonical(got) == canonical(stored_verdicts), run.id
         stored = run.schedule["judged"]
         for name in ("factors", "cache_hits", "baseline_pairs", "differences"):
@@ -133,7 +138,13 @@ def test_a_run_recorded_before_reports_were_stored_gets_its_report_once(tmp_path
         report = gate.stored_report(store, run.id)
         assert report.counts == run.summary and report.run_id == run.id, run.id
         stored = store.get_run(run.id).schedule
-        assert stored["report"] == report.to_dict()
+        # read back with the run's verdict rows, whose fields added since the recording are new
+        again = Report.from_dict({**stored["report"], "requests": store.verdicts(run.id)}).to_dict()
+        added = ("across", "bits_only", "kinds")
+        assert [{k: v for k, v in r.items() if k not in added} for r in again.pop("requests")] == \
+            [{k: v for k, v in r.items() if k not in added} for r in report.to_dict()["requests"]]
+        assert again == {k: v for k, v in report.to_dict().items() if k != "requests"}
+        assert "requests" not in stored["report"]  # the verdict rows hold them, once
         for name in ("factors", "cache_hits", "baseline_pairs", "differences"):
             assert canonical(stored["report"][name]) == canonical(run.schedule["judged"][name]), (run.id, name)
     first = store.runs()[0]

@@ -367,6 +367,7 @@ def test_a_report_reads_back_as_it_was_written():
     from evalgate.configuration.policy import GatePolicy
 
     report = sample()
+    report.verdicts[1].kinds, report.verdicts[2].kinds = frozenset({"token", "logprob"}), frozenset({"logprob"})
     report.policy = GatePolicy(fail_on="tokens")
     report.metrics = [{"task": "t", "metric": "acc", "baseline": 0.5, "current": 0.25, "delta": -0.25, "moved": []}]
     report.fingerprint_changes = {"model": "files changed"}
@@ -375,6 +376,9 @@ def test_a_report_reads_back_as_it_was_written():
     assert again.to_dict() == report.to_dict()
     assert again.counts == report.counts and again.counts["stable"] == 1
     assert again.status == report.status and again.exit_code == report.exit_code
+    assert [v.kinds for v in again.verdicts[:2]] == [frozenset({"token", "logprob"}), frozenset({"logprob"})]
+    assert [v.bits_only for v in again.verdicts[:2]] == [False, True] and [len(x) for x in (again.failing, again.drift)] == [
+        len(report.failing), len(report.drift)]
     assert json.loads(json.dumps(again.sections(), default=str)) == json.loads(json.dumps(report.sections(), default=str))
 
 
