@@ -12,7 +12,7 @@ from .common import console, handled, progress_bar
 @handled
 def demo(directory: Path = typer.Option(Path("evalgate-demo"), "--dir", help="Workspace to create"),
          engine_extra: str = typer.Option("", "--engine-extra", hidden=True,
-                                          help="More [engine] lines (tests: the fake engine)")):
+                                          help="More \\[engine] lines (tests: the fake engine)")):
     """Build SmolLM2-135M-Instruct, create a baseline, check it, then swap the weights and check again."""
     import shutil
 

@@ -18,7 +18,7 @@ def fuzz(suite: Optional[Path] = typer.Argument(None, help="Suite TOML file (eng
          max_trials: int = typer.Option(1000, "--max-trials", help="Stop searching after this many trials"),
          shrink_trials: int = typer.Option(200, "--shrink-trials", help="Shrink with at most this many trials"),
          key: Optional[List[str]] = typer.Option(None, "--key", help="Gate only this request (repeatable)"),
-         trace: Optional[Path] = typer.Option(None, "--trace", help="Seed trace (default: [load] trace, else synthetic)"),
+         trace: Optional[Path] = typer.Option(None, "--trace", help="Seed trace (default: \\[load] trace, else synthetic)"),
          events: int = typer.Option(8, "--events", help="Events of the synthetic seed trace"),
          seed: int = typer.Option(0, "--seed", help="Seed of the mutations and the seeded words"),
          repro: Optional[Path] = typer.Option(None, "--repro", help="Write the repro pack here (default: "
