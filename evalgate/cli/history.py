@@ -39,6 +39,44 @@ def runs_list(db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt,
 
 
 @handled
+def runs_history(suite: Optional[str] = typer.Argument(None, help="A suite file, or a suite's name (default: "
+                                                                  "./evalgate.toml)"),
+                 db: Optional[str] = DbOpt, limit: int = typer.Option(20, help="How many runs, newest first"),
+                 json_out: bool = JsonRowsOpt):
+    """A suite's judged runs at a glance: one line per run, with its verdict counts, what changed since its
+    baseline, and each lm-eval metric with its delta."""
+    from ..store.listing import history_rows
+
+    path = Path(suite) if suite else Path("evalgate.toml")
+    if path.is_file():
+        from ..configuration.suite import load_suite
+
+        loaded = load_suite(path, database=db)
+        name, url = loaded.name, loaded.database
+    elif suite:
+        name, url = suite, database_url_for(db, None)
+    else:
+        raise typer.BadParameter("no ./evalgate.toml: name a suite file or a suite", param_hint="SUITE")
+    rows = history_rows(url, name, limit)
+    if json_out:
+        print_json(rows)
+        return
+    print_table(["run", "finished", "kind", "verdict", "counts", "changed", "metrics"],
+                [[str(r["run"]), r["finished"] or "", r["kind"], r["verdict"] or "",
+                  ", ".join(f"{k} {v}" for k, v in r["counts"].items()),
+                  "?" if r["changed"] is None else ", ".join(r["changed"]) or "-",
+                  "?" if r["metrics"] is None else "; ".join(metric_text(m) for m in r["metrics"])]
+                 for r in rows])
+
+
+def metric_text(m: dict) -> str:
+    """`evalgate_capitals acc,none 0.75 (-0.25)`: a metric's value and its delta from the run's baseline."""
+    value = "-" if m["current"] is None else f"{m['current']:.4g}"
+    delta = "" if m["delta"] is None else " (=)" if m["delta"] == 0 else f" ({m['delta']:+.4g})"
+    return f"{m['task']} {m['metric']} {value}{delta}"
+
+
+@handled
 def runs_show(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt,
               json_out: bool = typer.Option(False, "--json", help="Print the run as JSON")):
     """Show one run: status, schedule, fingerprint components, and its stored report (verdicts, factors)."""

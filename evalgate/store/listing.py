@@ -1,4 +1,5 @@
-"""The runs and baselines tables as plain rows (`evalgate runs list`, `baseline list`, their `--json`).
+"""The runs and baselines tables as plain rows (`evalgate runs list`, `runs history`, `baseline list`, their
+`--json`).
 
 A listing is one SELECT of a few columns, so its cost is the imports around it: the ORM models and
 Alembic are never imported here. A database at the newest schema is read with SQLAlchemy Core; a SQLite
@@ -20,6 +21,9 @@ RUNS_SQL = ("SELECT runs.id, runs.suite_name, runs.kind, runs.status, runs.verdi
             "runs.finished_at, runs.hardware_class, runs.owner, "
             "EXISTS (SELECT 1 FROM baselines WHERE baselines.run_id = runs.id) FROM runs {where}"
             "ORDER BY runs.id DESC LIMIT :limit")
+HISTORY_SQL = ("SELECT runs.id, runs.kind, runs.verdict, runs.summary, runs.finished_at, runs.hardware_class, "
+               "runs.baseline_run_id, runs.schedule FROM runs WHERE runs.suite_name = :suite AND runs.status = 'complete' "
+               "AND runs.kind IN ('baseline', 'check') ORDER BY runs.id DESC LIMIT :limit")
 BASELINES_SQL = ("SELECT baselines.suite_name, baselines.hardware_class, baselines.run_id, baselines.promoted_at, "
                  "baselines.receipt, fingerprints.components FROM baselines JOIN runs ON runs.id = baselines.run_id "
                  "LEFT JOIN fingerprints ON fingerprints.hash = runs.fingerprint_hash {where}"
@@ -36,6 +40,23 @@ def run_rows(url: str, suite_name: str | None = None, limit: int = 50) -> list[d
              "started": when(started), "finished": when(finished), "hardware_class": hardware_class,
              "baseline": bool(is_baseline)}
             for run_id, suite, kind, status, verdict, summary, started, finished, hardware_class, owner, is_baseline in rows]
+
+
+def history_rows(url: str, suite_name: str, limit: int = 20) -> list[dict]:
+    """A suite's judged runs at a glance, newest first: when, kind, verdict and its counts, what changed in the
+    identity since the baseline it was judged against, and each lm-eval metric with its delta (all from the
+    report stored with the run; `changed` and `metrics` are None for a run judged before reports were stored)."""
+    rows = []
+    for run_id, kind, verdict, summary, finished, hardware_class, baseline_run, schedule in _select(
+            url, HISTORY_SQL, {"suite": suite_name, "limit": limit}):
+        report = (_json(schedule) or {}).get("report")
+        rows.append({"run": run_id, "finished": when(finished), "kind": kind, "verdict": verdict,
+                     "counts": {k: v for k, v in (_json(summary) or {}).items() if v}, "baseline_run": baseline_run,
+                     "hardware_class": hardware_class,
+                     "changed": list(report.get("changed_components") or []) if report is not None else None,
+                     "metrics": [{key: m.get(key) for key in ("task", "metric", "current", "delta")}
+                                 for m in report.get("metrics") or []] if report is not None else None})
+    return rows
 
 
 def baseline_rows(url: str, suite_name: str | None = None) -> list[dict]:

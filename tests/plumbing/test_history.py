@@ -1,0 +1,47 @@
+"""`evalgate runs history SUITE`: a suite's judged runs at a glance, on both backends, from the report stored
+with each run: a passing baseline and check, an explained change after a weight swap, and a regression."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from helpers import GREEN_PROMPTS, bare_model, database_url, write_suite
+
+from evalgate.store import open_store
+
+
+def test_history_shows_each_runs_verdict_changes_and_metrics(inline_cli, tmp_path, fake_model, store_url):
+    model = tmp_path / "model"
+    shutil.copytree(fake_model, model)
+    suite = write_suite(tmp_path / "ws", model, GREEN_PROMPTS[:4], concurrency=(1, 4), shuffles=0, kind="fake",
+                        database=store_url)
+    inline_cli("baseline", "create", suite, check=0)  # pass, promoted
+    inline_cli("check", suite, check=0)  # pass: nothing changed
+    bare_model(model, seed=1)
+    inline_cli("check", suite, check=0)  # the weights changed: explained changes, passing
+    suite.write_text(suite.read_text(encoding="utf-8").replace('kind = "fake"', 'kind = "fake"\nfake_vary_with_batch = ["p001"]'),
+                     encoding="utf-8")
+    inline_cli("check", suite, check=1)  # batch variance: a regression
+    store = open_store(database_url(suite))
+    runs = [r.id for r in store.runs()]
+    # a metric in the latest check's stored report, as an lm-eval suite's would be
+    latest = store.get_run(max(runs))
+    metrics = [{"task": "t", "metric": "acc,none", "baseline": 0.5, "current": 0.25, "delta": -0.25, "moved": []}]
+    store.update_schedule(latest.id, {**latest.schedule, "report": {**latest.schedule["report"], "metrics": metrics}})
+
+    shown = inline_cli("runs", "history", suite, check=0)
+    rows = json.loads(inline_cli("runs", "history", suite, "--json", check=0).stdout)
+    assert [r["run"] for r in rows] == sorted(runs, reverse=True)
+    assert [(r["kind"], r["verdict"]) for r in rows] == [("check", "regression"), ("check", "pass"), ("check", "pass"),
+                                                         ("baseline", "pass")]
+    assert rows[0]["counts"]["batch_variance"] == 1 and rows[1]["counts"]["explained_change"] == 4
+    assert rows[1]["changed"] == ["model"] and rows[2]["changed"] == [] and rows[3]["changed"] == []
+    assert "engine" in rows[0]["changed"]  # the fake's setting is an engine argument
+    assert rows[0]["metrics"] == [{"task": "t", "metric": "acc,none", "current": 0.25, "delta": -0.25}]
+    lines = shown.stdout.splitlines()
+    assert lines[0].split() == ["run", "finished", "kind", "verdict", "counts", "changed", "metrics"]
+    assert "t acc,none 0.25 (-0.25)" in lines[1] and "regression" in lines[1] and "explained_change 4" in lines[2]
+    # by name, with the database named
+    by_name = json.loads(inline_cli("runs", "history", "test", "--db", database_url(suite), "--json", check=0).stdout)
+    assert by_name == rows and json.loads(inline_cli("runs", "history", suite, "--json", "--limit", "1").stdout) == rows[:1]
