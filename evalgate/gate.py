@@ -50,7 +50,7 @@ def judge_records(store: Store, current: RunRecord, baseline: RunRecord | None, 
     if baseline is not None and baseline.run.hardware_class != current.run.hardware_class:
         report.hardware = judge_across(report, current, baseline, *rescorings(store, current, baseline), report.policy)
     report.metrics = compare_scores(store, current.id, baseline.id if baseline else None,
-                                    {v.key: v.verdict for v in report.verdicts})
+                                    {v.key: v.verdict for v in report.verdicts}, report.policy.metric_alpha)
     report.task_changes = task_changes(baseline.fingerprint, current.fingerprint) if baseline else {}
     schedule = current.run.schedule or {}
     if schedule.get("preset") == ROTATING:

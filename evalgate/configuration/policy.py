@@ -18,6 +18,11 @@ Across hardware (a check judged against another hardware class's baseline, evalg
   its own top token; `drift_cap`: the largest |Δ logprob| between the two classes that is still rounding.
   Both in nats, by default by the dtype (`HARDWARE_TOLERANCES`): a bf16 logit moves in steps of 0.0625-0.125
   at a small model's magnitudes, an fp32 one in steps a thousand times smaller.
+
+lm-eval metrics (evalgate/judgement/paired.py): each metric row carries a paired test over the documents
+both runs scored, "significant" at `metric_alpha` (default 0.05). `fail_on_metric = "significant_drop"`
+fails a run whose metric got significantly worse, even where every token-level difference is explained
+(a new model that is worse); by default metrics inform and never fail.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from typing import Any
 from .config import check_keys, fail
 
 FAIL_ON = ("bits", "tokens")
+FAIL_ON_METRIC = ("significant_drop",)
+DEFAULT_METRIC_ALPHA = 0.05
 OTHER_HARDWARE = ("judge", "exact", "refuse")
 # (tie_epsilon, drift_cap) in nats per dtype, from the emulated classes (docs/conditions.md "Across hardware"):
 # SmolLM2 fp32 rescorings of the same tokens differ by at most 2.7e-5 between instruction sets, bf16 by 0.23
@@ -67,6 +74,8 @@ class GatePolicy:
     other_hardware: str = "judge"
     tie_epsilon: float | None = None  # None: by the engine's dtype (HARDWARE_TOLERANCES)
     drift_cap: float | None = None
+    metric_alpha: float = DEFAULT_METRIC_ALPHA  # a metric's paired test is significant below it
+    fail_on_metric: str | None = None  # "significant_drop": a metric significantly worse fails the run
 
     def tolerance(self, dtype: str | None) -> Tolerance:
         """ε and the cap for an engine of this dtype: the suite's where it sets them, else the dtype's."""
@@ -94,7 +103,7 @@ class GatePolicy:
         return cls(**{k: v for k, v in (data or {}).items() if k in GATE_KEYS})
 
 
-GATE_KEYS = ("fail_on", "near_tie_margin", "other_hardware", "tie_epsilon", "drift_cap")
+GATE_KEYS = ("fail_on", "near_tie_margin", "other_hardware", "tie_epsilon", "drift_cap", "metric_alpha", "fail_on_metric")
 
 
 def _nats(table: dict, key: str, default, where: str, prefix: str, example: str):
@@ -117,5 +126,14 @@ def parse_gate_table(table: dict, where: str, prefix: str = "") -> GatePolicy:
     if other not in OTHER_HARDWARE:
         raise fail(where, f"`{prefix}gate.other_hardware` must be \"judge\", \"exact\" or \"refuse\", got {other!r}",
                    'other_hardware = "judge" judges a check against another hardware class\'s baseline (docs/suite.md)')
+    alpha = table.get("metric_alpha", DEFAULT_METRIC_ALPHA)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise fail(where, f"`{prefix}gate.metric_alpha` must be a number between 0 and 1, got {alpha!r}",
+                   "metric_alpha = 0.05: a metric moved significantly when its paired test's p-value is below it")
+    on_metric = table.get("fail_on_metric")
+    if on_metric is not None and on_metric not in FAIL_ON_METRIC:
+        raise fail(where, f"`{prefix}gate.fail_on_metric` must be \"significant_drop\", got {on_metric!r}",
+                   'fail_on_metric = "significant_drop" fails a run whose lm-eval metric got significantly worse; '
+                   "leave it out and metrics never fail a run")
     return GatePolicy(fail_on, margin, other, _nats(table, "tie_epsilon", None, where, prefix, "0.25"),
-                      _nats(table, "drift_cap", None, where, prefix, "0.5"))
+                      _nats(table, "drift_cap", None, where, prefix, "0.5"), float(alpha), on_metric)

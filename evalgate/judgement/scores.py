@@ -1,24 +1,32 @@
 """Task metrics beside the token-level verdicts: each lm-eval metric of the baseline and of the current run
 side by side, and the documents whose metric value moved, with their requests and those requests' verdicts
-(so "exact_match fell by 0.04" comes with "doc 3 changed because request evalgate_arith/3/0/0 regressed")."""
+(so "exact_match fell by 0.04" comes with "doc 3 changed because request evalgate_arith/3/0/0 regressed"), and
+whether the metric really moved: a paired test over the documents both runs scored (paired.py)."""
 
 from __future__ import annotations
 
+from ..configuration.policy import DEFAULT_METRIC_ALPHA
 from ..store import Store
+from .paired import higher_is_better, paired_test
 
 
-def compare_scores(store: Store, run_id: int, baseline_run_id: int | None, verdicts: dict[str, str]) -> list[dict]:
-    """One row per task metric of either run: {task, metric, baseline, current, delta, stderr, moved}; `moved`
-    lists the documents whose value differs: {doc_id, baseline, current, requests: [{key, verdict}]}."""
+def compare_scores(store: Store, run_id: int, baseline_run_id: int | None, verdicts: dict[str, str],
+                   alpha: float = DEFAULT_METRIC_ALPHA) -> list[dict]:
+    """One row per task metric of either run: {task, metric, baseline, current, delta, stderr, moved, paired};
+    `moved` lists the documents whose value differs: {doc_id, baseline, current, requests: [{key, verdict}]};
+    `paired` is the paired test at `alpha` (paired.py; None without a baseline or shared documents)."""
     scores, samples = store.load_scores(run_id)
     base_scores, base_samples = store.load_scores(baseline_run_id) if baseline_run_id is not None else ([], [])
     current = {(s.task, s.metric): s for s in scores}
     before = {(s.task, s.metric): s for s in base_scores}
     per_doc_before = {(s.task, s.metric, s.doc_id): s.value for s in base_samples}
     moved: dict[tuple[str, str], list[dict]] = {}
+    pairs: dict[tuple[str, str], list[tuple[float, float]]] = {}
     if baseline_run_id is not None:
         for s in samples:
             old = per_doc_before.get((s.task, s.metric, s.doc_id))
+            if (s.task, s.metric, s.doc_id) in per_doc_before:
+                pairs.setdefault((s.task, s.metric), []).append((old, s.value))
             if old != s.value:
                 moved.setdefault((s.task, s.metric), []).append({
                     "doc_id": s.doc_id, "baseline": old, "current": s.value,
@@ -33,6 +41,7 @@ def compare_scores(store: Store, run_id: int, baseline_run_id: int | None, verdi
             "task": task, "metric": metric, "baseline": base, "current": value,
             "delta": value - base if value is not None and base is not None else None,
             "stderr": cur.stderr if cur else None, "moved": moved.get((task, metric), []),
+            "paired": paired_test(pairs[task, metric], alpha, higher_is_better(metric)) if pairs.get((task, metric)) else None,
         })
     return rows
 

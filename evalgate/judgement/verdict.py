@@ -186,12 +186,20 @@ class Report:
         }
 
     @property
+    def failing_metrics(self) -> list[dict[str, Any]]:
+        """With `[gate] fail_on_metric = "significant_drop"`: the metric rows whose paired test says the metric
+        got significantly worse (scores.py, paired.py). By default metrics never fail a run."""
+        if self.policy.fail_on_metric != "significant_drop":
+            return []
+        return [m for m in self.metrics if (m.get("paired") or {}).get("drop")]
+
+    @property
     def exit_code(self) -> ExitCode:
-        return ExitCode.REGRESSION if self.failing else ExitCode.PASS
+        return ExitCode.REGRESSION if self.failing or self.failing_metrics else ExitCode.PASS
 
     @property
     def status(self) -> str:
-        return "regression" if self.failing else "pass"
+        return "regression" if self.failing or self.failing_metrics else "pass"
 
     def to_dict(self) -> dict:
         return {

@@ -277,3 +277,30 @@ def failure_text(v: RequestVerdict, fingerprint_changes: dict | None = None) -> 
             if fingerprint_changes and name in fingerprint_changes:
                 lines.append(f"  {name}: {fingerprint_changes[name]}")
     return "\n".join(lines) + "\n"
+
+
+PAIRED_TESTS = {"mcnemar_exact": "McNemar exact", "sign_flip_permutation": "paired permutation"}
+
+
+def paired_text(paired: dict | None) -> str:
+    """`2 up, 5 down of 50 documents, p = 0.453 (McNemar exact)`, then `significant at 0.05: worse` when
+    it is: whether a metric really moved (judgement/paired.py)."""
+    if not paired:
+        return ""
+    text = (f"{paired['up']} up, {paired['down']} down of {paired['documents']} documents, "
+            f"p = {paired['p_value']:.3g} ({PAIRED_TESTS.get(paired['test'], paired['test'])})")
+    if paired["significant"]:
+        text += f"; significant at {paired['alpha']:g}" + (": worse" if paired["drop"] else
+                                                           f": {paired['direction']}" if paired["direction"] else "")
+    return text
+
+
+def metric_failure_line(report) -> str | None:
+    """`2 metric(s) significantly worse: evalgate_arith exact_match,strip (p = 0.0078), ...` under
+    `[gate] fail_on_metric = "significant_drop"`; None when none is."""
+    failing = report.failing_metrics
+    if not failing:
+        return None
+    names = ", ".join(f"{m['task']} {m['metric']} (p = {m['paired']['p_value']:.3g})" for m in failing)
+    return f"{len(failing)} metric(s) significantly worse: {names}"
+

@@ -29,7 +29,9 @@ from .explain import (
     invariance,
     is_failure,
     margin_text,
+    metric_failure_line,
     one_line,
+    paired_text,
     split_location,
     why,
 )
@@ -123,7 +125,7 @@ def _ordered_differences(report: Report) -> list[RequestVerdict]:
 def step_summary(report: Report, fingerprint_changes: Mapping[str, str] | None = None,
                  max_rows: int = MAX_SUMMARY_ROWS) -> str:
     """The Markdown appended to `$GITHUB_STEP_SUMMARY` for one `check` / `baseline create`."""
-    passed = not report.failing
+    passed = not report.failing and not report.failing_metrics
     lines = [f"## evalgate {report.kind}: {'PASS' if passed else 'FAIL'}", ""]
     against = f" against baseline run {report.baseline_run_id}" if report.baseline_run_id is not None else ""
     strict = " (strict)" if report.strict else ""
@@ -180,6 +182,9 @@ def step_summary(report: Report, fingerprint_changes: Mapping[str, str] | None =
         names = sorted({v.verdict for v in report.failing})
         lines += [f"**FAIL**: {len(report.failing)} request(s): {', '.join(names)} (exit {int(report.exit_code)})",
                   ""]
+    metrics_failed = metric_failure_line(report)
+    if metrics_failed:
+        lines += [f"**FAIL**: {md_text(metrics_failed)} (fail_on_metric, exit {int(report.exit_code)})", ""]
     return "\n".join(lines)
 
 
@@ -188,12 +193,15 @@ def _metrics_markdown(report: Report) -> list[str]:
     def num(value) -> str:
         return "" if value is None else f"{value:.4g}"
 
-    lines = ["### Task metrics (lm-eval)", "", "| task | metric | baseline | current | delta | documents moved |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = ["### Task metrics (lm-eval)", "",
+             "| task | metric | baseline | current | delta | documents moved | did it move? |",
+             "|---|---|---:|---:|---:|---:|---|"]
     for row in report.metrics:
         delta = row["delta"]
+        paired = paired_text(row.get("paired"))
         lines.append(f"| {md_text(row['task'])} | {md_text(row['metric'])} | {num(row['baseline'])} | {num(row['current'])} "
-                     f"| {'' if delta is None else '=' if delta == 0 else f'{delta:+.4g}'} | {len(row['moved']) or ''} |")
+                     f"| {'' if delta is None else '=' if delta == 0 else f'{delta:+.4g}'} | {len(row['moved']) or ''} "
+                     f"| {md_text(paired)} |")
     lines.append("")
     for name, change in report.task_changes.items():
         lines.append(f"- task `{md_text(name)}` changed since the baseline: {md_text(change)}")

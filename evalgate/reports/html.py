@@ -31,7 +31,9 @@ from .explain import (
     hardware_lines,
     invariance,
     margin_text,
+    metric_failure_line,
     one_line,
+    paired_text,
     token_label,
     why,
 )
@@ -141,7 +143,8 @@ def _metric(m: dict) -> dict[str, str]:
     moved = ", ".join(f'doc {d["doc_id"]} ({num(d["baseline"])} \u2192 {num(d["current"])})' for d in m["moved"][:20])
     return {"task": m["task"], "metric": m["metric"], "baseline": num(m["baseline"]), "current": num(m["current"]),
             "delta": "" if delta is None else "=" if delta == 0 else f"{delta:+.4g}",
-            "moved": moved + (" ..." if len(m["moved"]) > 20 else "")}
+            "moved": moved + (" ..." if len(m["moved"]) > 20 else ""), "paired": paired_text(m.get("paired")),
+            "worse": bool((m.get("paired") or {}).get("drop"))}
 
 
 def _factor_rows(factors: list[dict], cache_hits: list[dict]) -> list[dict[str, Any]]:
@@ -171,6 +174,7 @@ def page_context(run: Run, report: Report | None, diffs: list[RequestDiff]) -> d
         "across_lines": [(line.strip(), "confident at" in line)
                          for line in hardware_lines(hardware.to_dict() if hardware else None, flips=50)],
         "metrics": [_metric(m) for m in (report.metrics if report is not None else [])],
+        "metrics_failed": metric_failure_line(report) if report is not None else None,
         "requests": [_request(d) for d in diffs[:MAX_REQUESTS]],
         "rest": [(d.verdict.key, d.verdict.verdict) for d in diffs[MAX_REQUESTS:]],
     }

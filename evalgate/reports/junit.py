@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..judgement.verdict import Report, RequestVerdict
 from .atomic import write_text_atomic
-from .explain import failure_text, one_line, split_location
+from .explain import failure_text, one_line, paired_text, split_location
 
 _ILLEGAL_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
@@ -71,6 +71,18 @@ def hardware_properties(report: Report) -> list[tuple[str, str]]:
             ("tie_epsilon", repr(h.tolerance.epsilon)), ("drift_cap", repr(h.tolerance.cap))]
 
 
+def metric_properties(report: Report) -> list[tuple[str, str]]:
+    """The gate's metric policy, and each lm-eval metric with its delta and paired test, as properties."""
+    if not report.metrics:
+        return []
+    props = [("metric_alpha", repr(report.policy.metric_alpha)), ("fail_on_metric", report.policy.fail_on_metric or "")]
+    for m in report.metrics:
+        delta = "" if m["delta"] is None else f" ({m['delta']:+.4g})"
+        value = "" if m["current"] is None else f"{m['current']:.4g}"
+        props.append((f"metric {m['task']} {m['metric']}", f"{value}{delta}; {paired_text(m.get('paired'))}".rstrip("; ")))
+    return props
+
+
 def junit_xml(report: Report, *, suite_file: str | Path | None = None, duration: float | None = None,
               fingerprint_changes: dict | None = None, timestamp: str | None = None,
               hostname: str | None = None) -> str:
@@ -97,7 +109,7 @@ def junit_xml(report: Report, *, suite_file: str | Path | None = None, duration:
         for name, value in (("suite", report.suite_name), ("kind", report.kind), ("run_id", str(report.run_id)),
                             ("baseline_run_id", "" if report.baseline_run_id is None else str(report.baseline_run_id)),
                             ("strict", str(report.strict).lower()), ("fail_on", report.policy.fail_on),
-                            *hardware_properties(report)):
+                            *hardware_properties(report), *metric_properties(report)):
             _sub(props, "property", name=name, value=value)
         for v in verdicts:
             case = _sub(suite_el, "testcase", classname=label, name=v.key, time="0.000")
@@ -106,6 +118,17 @@ def junit_xml(report: Report, *, suite_file: str | Path | None = None, duration:
                 failure.text = _xml_safe(failure_text(v, fingerprint_changes))
         totals["tests"] += len(verdicts)
         totals["failures"] += len(failing)
+    if report.policy.fail_on_metric and report.metrics and report.baseline_run_id is not None:
+        # the metrics can fail this run (fail_on_metric): a testcase each, so a reporter shows which did
+        failing_metrics = {id(m) for m in report.failing_metrics}
+        suite_el = _sub(root, "testsuite", name="lm-eval metrics", errors="0", failures=str(len(failing_metrics)),
+                        skipped="0", tests=str(len(report.metrics)), time=_seconds(None))
+        for m in report.metrics:
+            case = _sub(suite_el, "testcase", classname="lm-eval metrics", name=f"{m['task']} {m['metric']}", time="0.000")
+            if id(m) in failing_metrics:
+                _sub(case, "failure", message=f"significantly worse: {paired_text(m['paired'])}", type="significant_drop")
+        totals["tests"] += len(report.metrics)
+        totals["failures"] += len(failing_metrics)
     root.set("tests", str(totals["tests"]))
     root.set("failures", str(totals["failures"]))
     root.set("errors", "0")

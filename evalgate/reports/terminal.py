@@ -20,7 +20,9 @@ from .explain import (
     gate_lines,
     hardware_lines,
     margin_text,
+    metric_failure_line,
     one_line,
+    paired_text,
     why,
 )
 
@@ -94,7 +96,10 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
     if report.failing:
         names = sorted({v.verdict for v in report.failing})
         console.print(f"[bold red]FAIL[/]: {len(report.failing)} request(s): {', '.join(names)} (exit {int(report.exit_code)})")
-    else:
+    metrics_failed = metric_failure_line(report)
+    if metrics_failed:
+        console.print(f"[bold red]FAIL[/]: {escape(metrics_failed)} (fail_on_metric, exit {int(report.exit_code)})")
+    if not report.failing and not metrics_failed:
         console.print("[bold green]PASS[/] (exit 0)")
     for line in next_steps(report):
         console.print(escape(line), style="dim")
@@ -169,17 +174,22 @@ def render_metrics(console: Console, report: Report) -> None:
     """lm-eval metrics, baseline and current side by side, then the documents that moved a metric."""
     compared = report.baseline_run_id is not None
     table = Table(title="task metrics (lm-eval, first pass)", title_justify="left")
-    columns = ("task", "metric", "baseline", "current", "delta", "docs moved") if compared else ("task", "metric", "value", "stderr")
+    columns = (("task", "metric", "baseline", "current", "delta", "docs moved", "did it move?") if compared
+               else ("task", "metric", "value", "stderr"))
     for col in columns:
-        table.add_column(col, overflow="fold", **({} if col in ("task", "metric") else {"justify": "right", "no_wrap": True}))
+        table.add_column(col, overflow="fold",
+                         **({} if col in ("task", "metric", "did it move?") else {"justify": "right", "no_wrap": True}))
     for row in report.metrics:
         if not compared:
             table.add_row(row["task"], row["metric"], _num(row["current"]), _num(row.get("stderr")))
             continue
         delta = row["delta"]
         delta_text = Text("" if delta is None else "=" if delta == 0 else f"{delta:+.4g}", style="yellow" if delta else "")
+        paired = row.get("paired")
+        moved_text = Text(paired_text(paired), style="bold red" if (paired or {}).get("drop") else
+                          "yellow" if (paired or {}).get("significant") else "")
         table.add_row(row["task"], row["metric"], _num(row["baseline"]), _num(row["current"]), delta_text,
-                      str(len(row["moved"])) if row["moved"] else "")
+                      str(len(row["moved"])) if row["moved"] else "", moved_text)
     console.print(table)
     for name, change in report.task_changes.items():
         console.print(escape(f"  task {name} changed since the baseline: {change}"), style="yellow")

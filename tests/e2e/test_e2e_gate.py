@@ -204,7 +204,7 @@ def test_fail_on_tokens_lets_bit_drift_pass_and_reports_it(cli, tmp_path, varian
     bits_only = set(source.differing["batch_size"]) - flips
     assert proc.returncode == (1 if flips else 0), proc.stdout[-3000:]
     assert report["gate"] == {"fail_on": "tokens", "near_tie_margin": 0.1, "other_hardware": "judge",
-                              "tie_epsilon": None, "drift_cap": None}
+                              "tie_epsilon": None, "drift_cap": None, "metric_alpha": 0.05, "fail_on_metric": None}
     d = report["differences"]
     assert d["bits_only"] == d["drift"] == len(bits_only)
     assert d["token_flips"]["near_tie"] + d["token_flips"]["confident"] == len(flips)

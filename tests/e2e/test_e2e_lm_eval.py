@@ -128,6 +128,18 @@ def test_changed_model_moves_metrics_and_is_explained(workspace, cli_env):
     assert len(exact["moved"]) >= 3 and all(doc["baseline"] == 1.0 and doc["current"] == 0.0 or
                                             doc["baseline"] == 0.0 and doc["current"] == 1.0 for doc in exact["moved"])
     assert [r["key"] for r in exact["moved"][0]["requests"]] == [f"evalgate_arith/{exact['moved'][0]['doc_id']}/0/0"]
+    # did it move? McNemar's exact test over the documents that flipped, as scipy computes it on those counts
+    from scipy.stats import binomtest
+
+    up = sum(d["current"] > d["baseline"] for d in exact["moved"])
+    down = sum(d["current"] < d["baseline"] for d in exact["moved"])
+    paired = exact["paired"]
+    assert (paired["test"], paired["documents"], paired["up"], paired["down"]) == ("mcnemar_exact", 24, up, down)
+    assert paired["p_value"] == pytest.approx(binomtest(up, up + down, 0.5).pvalue)
+    assert paired["significant"] is (paired["p_value"] < 0.05) and paired["drop"] is paired["significant"]
+    assert ppl["paired"]["test"] == "sign_flip_permutation" and ppl["paired"]["documents"] == 6
+    checked = cli("runs", "show", str(report["run_id"]), "--suite", ws / "evalgate.toml", check=0)
+    assert f"{up} up, {down} down of 24 documents" in " ".join(checked.stdout.split())
     cli("report", str(report["run_id"]), "--suite", ws / "evalgate.toml", "--html", root / "model.html", check=0)
     html = (root / "model.html").read_text(encoding="utf-8")
     assert "Task metrics (lm-eval)" in html and "exact_match,strip" in html

@@ -25,7 +25,7 @@ def test_a_token_flip_fails_at_the_tokens_level_and_the_level_is_no_identity(inl
     proc = inline_cli("baseline", "create", suite, "--json-report", tmp_path / "t.json", "--junit", tmp_path / "j.xml", check=1)
     report = read_json(tmp_path / "t.json")
     assert report["gate"] == {"fail_on": "tokens", "near_tie_margin": 0.5, "other_hardware": "judge",
-                              "tie_epsilon": None, "drift_cap": None}
+                              "tie_epsilon": None, "drift_cap": None, "metric_alpha": 0.05, "fail_on_metric": None}
     (flip,) = report["requests"]
     # the fake engine's top-1 and top-2 lie 1.0 nats apart: over the 0.5 margin, a confident flip
     assert flip["key"] == "p001" and flip["bits_only"] is False and flip["flip"] == "confident"
