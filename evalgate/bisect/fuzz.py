@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..configuration.prompts import SCORING_TYPES, Prompt
-from ..configuration.suite import Suite, load_suite
+from ..configuration.suite import Suite, load_suite, with_fail_on
 from ..configuration.trace import DEFAULT_STEP_SECONDS, Event, Trace, gated_places, load_trace, materialize, parse_trace
 from ..errors import ConfigError
 from ..judgement.compare import first_divergence, max_logprob_delta
@@ -48,6 +48,7 @@ SHRINK_TRIALS = 200  # ddmin's own bound (--shrink-trials), over the search's
 class FuzzResult:
     session_id: int
     suite_name: str
+    on: str = "bits"  # what counts as a change: bits (ids or any logprob bit) | tokens (ids: [gate] fail_on)
     status: str = "not_found"  # found | not_found
     key: str | None = None
     trials: int = 0
@@ -71,6 +72,9 @@ class FuzzResult:
     # a shrunk trace that cancels: whether the abort path is needed ("cancel") or the same neighbours finishing
     # on the same steps change it too ("neighbours": batch sharing); None: no cancel left to tell
     cause: str | None = None
+    # at the tokens level: trials where a gated request drifted in logprob bits alone (passed over), and the requests
+    drift_trials: int = 0
+    drift_keys: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -87,17 +91,22 @@ class FuzzResult:
     def lines(self) -> list[str]:
         head = f"fuzz {self.session_id} — suite {self.suite_name!r}: "
         rate = f"{self.trials} trials in {self.seconds:.0f} s ({self.trials_per_engine_minute:.1f} per engine-minute)"
+        what = "a token" if self.on == "tokens" else "an output"
+        drift = ([f"  passed over: {self.drift_trials} trial(s) drifted in logprob bits alone "
+                  f"({', '.join(self.drift_keys[:5])}): fail_on = \"tokens\" lets that pass"] if self.drift_trials else [])
         if self.status != "found":
-            return [head + f"NOT FOUND: no trial changed an output ({self.search_trials} search trials, {rate})",
-                    f"  {self.reason}" if self.reason else "  raise --budget or --max-trials, or seed it with --trace"]
+            return [head + f"NOT FOUND: no trial changed {what} ({self.search_trials} search trials, {rate})",
+                    f"  {self.reason}" if self.reason else "  raise --budget or --max-trials, or seed it with --trace",
+                    *drift]
         div = self.divergence or {}
-        lines = [head + f"FOUND: request {self.key!r} changes under trial {self.search_trials} "
+        lines = [head + f"FOUND: request {self.key!r} changes {'its tokens ' if self.on == 'tokens' else ''}under trial "
+                        f"{self.search_trials} "
                         f"({' + '.join(self.mutations)}), at token {div.get('position')} ({div.get('kind')})",
                  f"  shrunk to {self.shrunk_events} event(s)" + (" (1-minimal)" if self.proven_minimal else
                                                                  " (not proven minimal: the budget ran out)"),
                  "  reproduced in a fresh engine" if self.reproduced else
                  f"  did NOT reproduce in a fresh engine: {self.reason or 'the output equalled its alone reference'}",
-                 f"  {rate}"]
+                 f"  {rate}", *drift]
         if self.cause == "cancel":
             lines.insert(2, "  the cancel is needed: the same neighbours finishing on the same steps leave it unchanged "
                             "(vLLM's abort path: report it with the repro pack)")
@@ -138,13 +147,19 @@ def gated_prompts(suite: Suite, keys: list[str] | None) -> list[Prompt]:
 
 def fuzz(suite_path: Path | str, *, budget: float, max_trials: int = 1000, keys: list[str] | None = None,
          trace_path: Path | str | None = None, events: int = 8, seed: int = 0, repro_dir: Path | str | None = None,
-         database: str | None = None, shrink_trials: int = SHRINK_TRIALS,
+         database: str | None = None, shrink_trials: int = SHRINK_TRIALS, fail_on: str | None = None,
          on_trial: TrialCallback | None = None) -> FuzzResult:
+    """Search the traffic around the gated requests for one that changes an output, at the level the gate
+    fails on (`fail_on`, default the suite's `[gate] fail_on`: "bits", or "tokens", which passes over
+    bits-only drift), shrink it, verify it in a fresh engine and write the repro pack."""
     from ..engines import engine_class
     from ..execution.worker import call_in_worker, engine_log_path
     from ..store import open_store
 
     suite = load_suite(suite_path, database=database)
+    if fail_on is not None:
+        suite = with_fail_on(suite, fail_on)
+    on = suite.gate.fail_on
     trace_path = Path(trace_path) if trace_path is not None else None
     repro_dir = Path(repro_dir) if repro_dir is not None else None
     placement = engine_class(suite.engine_kind).placement
@@ -163,16 +178,16 @@ def fuzz(suite_path: Path | str, *, budget: float, max_trials: int = 1000, keys:
         raise ConfigError(f"{repro_dir} exists and is not an empty directory", fix="name a new directory for --repro")
     store = open_store(suite.database)
     subject = {"suite": str(suite.path), "budget_seconds": budget, "max_trials": max_trials, "keys": keys,
-               "seed_trace": seed_trace.source if seed_trace else f"synthetic ({events} events)", "seed": seed}
+               "seed_trace": seed_trace.source if seed_trace else f"synthetic ({events} events)", "seed": seed, "on": on}
     bisection = Bisection(store, KIND, suite.name, subject, on_trial=on_trial,
                           bounds=Bounds(max_steps=max_trials + shrink_trials + 2, max_seconds=2 * budget + 600))
-    result = FuzzResult(bisection.session_id, suite.name)
+    result = FuzzResult(bisection.session_id, suite.name, on)
     started = time.monotonic()
 
     forward = follow_trials(bisection, on_trial)
     setup = SearchSetup(suite, store.url, KIND, bisection.session_id, subject)
     search = FuzzSearch(keys, seed, step_seconds, seed_trace.to_jsonl() if seed_trace else None, events, budget,
-                        max_trials, shrink_trials)
+                        max_trials, shrink_trials, on)
     engine_log = engine_log_path(suite, "fuzz")
     with bisection.guard():
         result = call_in_worker(_search_job, {"setup": setup, "search": search, "result": result}, url=store.url,
@@ -209,6 +224,7 @@ class FuzzSearch:
     budget: float = 0.0
     max_trials: int = 0
     shrink_trials: int = SHRINK_TRIALS
+    on: str = "bits"  # what counts as a change: bits | tokens
 
 
 class _Trials(TrialEngine):
@@ -220,7 +236,8 @@ class _Trials(TrialEngine):
         super().__init__(setup, progress)
         tokenize_prompts(setup.suite, self.engine)  # a prompt that does not fit: exit 2, before any trial
         self.prompts = gated_prompts(setup.suite, keys if keys is not None else search.keys)
-        self.seed, self.step_seconds = search.seed, search.step_seconds
+        self.seed, self.step_seconds, self.on = search.seed, search.step_seconds, search.on
+        self.drift_trials, self.drift_keys = 0, []
         self.engine_started = time.monotonic() - self.started
         self.best: dict | None = None
         self.reference = {p.key: self.engine.generate([p], cache_salt=uuid.uuid4().hex)[0] for p in self.prompts}
@@ -239,8 +256,13 @@ class _Trials(TrialEngine):
 
         def run() -> TrialOutcome:
             got.update(self.replay(trace, prompts))
-            changed = [p.key for p in prompts if not same(self.reference[p.key], got[p.key], "bits")]
+            changed = [p.key for p in prompts if not same(self.reference[p.key], got[p.key], self.on)]
             detail: dict[str, Any] = {"changed": changed, "events": len(trace.traffic)}
+            drifted = [p.key for p in prompts if p.key not in changed and not same(self.reference[p.key], got[p.key])]
+            if drifted:  # passed over at the tokens level: counted, never a finding
+                detail["drift"] = drifted
+                self.drift_trials += 1
+                self.drift_keys += [k for k in drifted if k not in self.drift_keys]
             if changed:
                 div = first_divergence(self.reference[changed[0]], got[changed[0]])
                 detail["divergence"] = div.to_dict() if div else None
@@ -284,7 +306,7 @@ def _search_job(*, setup: SearchSetup, search: FuzzSearch, result: FuzzResult, p
         result.reason = (f"--max-trials {max_trials} reached" if n >= max_trials else f"--budget {budget:g} s spent")
     else:
         trace, names, got = found
-        key = next(p.key for p in trials.prompts if not same(trials.reference[p.key], got[p.key], "bits"))
+        key = next(p.key for p in trials.prompts if not same(trials.reference[p.key], got[p.key], trials.on))
         result.status, result.key, result.mutations, result.trace = "found", key, names, trace.to_jsonl()
         shrunk, proven = shrink(trials, trace, key, search.shrink_trials)
         target = trials.reference[key]
@@ -299,6 +321,7 @@ def _search_job(*, setup: SearchSetup, search: FuzzSearch, result: FuzzResult, p
             result.reason = "the change needs the other gated requests where they were: it was not shrunk"
     result.trials = trials.bisection.steps
     result.best = trials.best
+    result.drift_trials, result.drift_keys = trials.drift_trials, trials.drift_keys
     result.engine_seconds = trials.engine_started + (time.monotonic() - t0)
     result.engine_start_seconds = trials.engine_started
     return result
@@ -393,13 +416,14 @@ def write_pack(directory: Path, suite: Suite, result: FuzzResult) -> Path:
                                     "prompt_ids": list(prompt.prompt_ids) if prompt.prompt_ids else None,
                                     "sampling": suite.sampling_for(prompt)}, indent=2),
         "outputs.json": json.dumps({"alone": result.reference_ids, "in_trace": result.observed_ids,
-                                    "divergence": result.divergence, "reproduced": result.reproduced}, indent=2),
+                                    "divergence": result.divergence, "reproduced": result.reproduced,
+                                    "on": result.on}, indent=2),
         "engine.json": json.dumps({"model": str(suite.model), "tokenizer": str(suite.tokenizer or suite.model),
                                    "engine_args": suite.engine_args, "env": env_snapshot(), "seed": 0}, indent=2,
                                   default=str),
         "repro.py": template("repro_trace.py"),
         "README.md": template("fuzz_README.md").format(key=result.key, session=result.session_id, events=result.shrunk_events,
-                                   mutations=" + ".join(result.mutations), suite=suite.path,
+                                   mutations=" + ".join(result.mutations), suite=suite.path, on=result.on,
                                    reproduced="reproduced" if result.reproduced else "did NOT reproduce"),
     }
     for name, text in files.items():

@@ -24,6 +24,9 @@ def fuzz(suite: Optional[Path] = typer.Argument(None, help="Suite TOML file (eng
          repro: Optional[Path] = typer.Option(None, "--repro", help="Write the repro pack here (default: "
                                               ".evalgate/fuzz/<id> beside the suite)"),
          db: Optional[str] = typer.Option(None, "--db", help="Database for the trials (default: the suite's)"),
+         fail_on: Optional[str] = typer.Option(None, "--fail-on", help="What counts as a change: bits (any token or "
+                                               "logprob bit) or tokens (bits-only drift is passed over); default: "
+                                               "the suite's \\[gate] fail_on"),
          json_report: Optional[Path] = JsonOpt):
     """Mutate the traffic around the gated requests until an output changes, then shrink it to a repro."""
     from ..bisect.fuzz import fuzz as run_fuzz
@@ -32,7 +35,7 @@ def fuzz(suite: Optional[Path] = typer.Argument(None, help="Suite TOML file (eng
 
     result = run_fuzz(find_suite(suite), budget=parse_budget(budget), max_trials=max_trials, keys=key or None,
                       trace_path=trace, events=events, seed=seed, repro_dir=repro, database=db,
-                      shrink_trials=shrink_trials, on_trial=print_trial)
+                      shrink_trials=shrink_trials, fail_on=fail_on, on_trial=print_trial)
     finish(result, json_report)
 
 

@@ -25,7 +25,8 @@ for the keys listed in `fake_vary_with_batch`, the size of the wave the request 
 - `fake_seconds_per_wave` sleeps that long per wave, so a test can interrupt a run mid-pass;
 - replays (evalgate/execution/replay.py) are step-placed, as on the `vllm` kind: every running request
   gets one token per step (its first at the step after it arrives); a gated request that shares a step
-  with another counts as crowded; a key in `fake_vary_with_cancel` gets different tokens from the middle
+  with another counts as crowded (a key in `fake_drift_with_batch` then gets every logprob 1e-6 lower: bits-only
+  drift, the same tokens); a key in `fake_vary_with_cancel` gets different tokens from the middle
   of its output on when a neighbour is aborted while it decodes (a planted cancel-path fault, for fuzz);
 - on another hardware class (a kernel dispatch setting such as ONEDNN_MAX_CPU_ISA caps this machine:
   fingerprint.kernel_dispatch), a key in `fake_hardware_drift` gets every logprob 1e-6 lower (drift); one in
@@ -56,7 +57,7 @@ from .base import COMMON_KEYS, Engine, EngineConfig
 if TYPE_CHECKING:
     from ..configuration.suite import Suite
 
-VARY_KEYS = ("fake_vary_with_batch", "fake_vary_with_cache", "fake_vary_with_cancel", "fake_hardware_drift",
+VARY_KEYS = ("fake_vary_with_batch", "fake_drift_with_batch", "fake_vary_with_cache", "fake_vary_with_cancel", "fake_hardware_drift",
              "fake_hardware_near_tie", "fake_hardware_confident")
 FAKE_KEYS = frozenset({*VARY_KEYS, "fake_seconds_per_wave"})
 HARDWARE_DRIFT = 1e-6  # nats: how far a `fake_hardware_drift` key's logprobs move on another hardware class
@@ -94,6 +95,7 @@ class FakeEngine(Engine):
         self.vary = set(suite.engine_args["fake_vary_with_batch"])
         self.vary_cached = set(suite.engine_args.get("fake_vary_with_cache", []))
         self.vary_cancelled = set(suite.engine_args.get("fake_vary_with_cancel", []))
+        self.drift_crowded = set(suite.engine_args.get("fake_drift_with_batch", []))
         # another hardware class: a kernel dispatch setting caps this machine (fingerprint.kernel_dispatch)
         other_class = bool(hardware_component()["data"].get("dispatch"))
         self.hardware = {name: set(suite.engine_args.get(f"fake_hardware_{name}", [])) if other_class else set()
@@ -188,7 +190,7 @@ class FakeEngine(Engine):
             rows = [self._row(prompt_ids, i, k, salt=salt if i >= n // 2 else "") for i in range(n)]
             ids = [row[0][0] for row in rows]
             finish = "length"
-        if prompt.key in self.hardware["drift"]:
+        if prompt.key in self.hardware["drift"] or crowded and prompt.key in self.drift_crowded:
             rows = [(row_ids, [lp - HARDWARE_DRIFT for lp in lps]) for row_ids, lps in rows]
         import numpy as np
 

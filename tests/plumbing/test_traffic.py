@@ -222,3 +222,33 @@ def test_fuzz_without_a_fault_reports_not_found_with_the_trial_count(inline_cli,
     assert not (tmp_path / "ws" / ".evalgate" / "fuzz").exists()
     bad = inline_cli("fuzz", suite, "--budget", "soon", check=2)
     assert "--budget 'soon': not a duration" in bad.stderr
+
+
+def test_fuzz_at_the_tokens_level_passes_over_drift_and_finds_a_planted_token_flip(inline_cli, tmp_path, fake_model):
+    """`fuzz --fail-on tokens` (or `[gate] fail_on = "tokens"`): p000 drifts in logprob bits whenever it shares
+    a step with anything (as every request does on a CPU without batch invariance), p001 flips tokens only when
+    a neighbour is aborted. On bits the search stops at the first trial, on the drift; on tokens it passes
+    over the drift, finds the cancel fault, says how much drift it passed, and its pack judges on tokens."""
+    engine = 'fake_drift_with_batch = ["p000"]\nfake_vary_with_cancel = ["p001"]'
+    suite = write_suite(tmp_path / "ws", fake_model, PROMPTS, max_tokens=8, kind="fake", concurrency=(1, 2),
+                        extra_engine=engine)
+    inline_cli("fuzz", suite, "--budget", "2m", "--max-trials", "50", "--json-report", tmp_path / "bits.json", check=0)
+    bits = read_json(tmp_path / "bits.json")
+    assert (bits["on"], bits["key"], bits["search_trials"]) == ("bits", "p000", 1)  # the drift, at once
+
+    proc = inline_cli("fuzz", suite, "--fail-on", "tokens", "--budget", "2m", "--max-trials", "50",
+                      "--json-report", tmp_path / "tokens.json", "--repro", tmp_path / "pack", check=0)
+    doc = read_json(tmp_path / "tokens.json")
+    assert (doc["on"], doc["status"], doc["key"], doc["reproduced"]) == ("tokens", "found", "p001", True)
+    assert doc["search_trials"] > 1 and "cancel" in doc["mutations"]
+    assert doc["drift_trials"] >= doc["search_trials"] - 1 and doc["drift_keys"] == ["p000"]
+    out = " ".join(proc.stdout.split())
+    assert "changes its tokens" in out and f"passed over: {doc['drift_trials']} trial(s) drifted" in out
+    assert read_json(tmp_path / "pack" / "outputs.json")["on"] == "tokens"
+    assert "A change is one in **tokens**" in (tmp_path / "pack" / "README.md").read_text()
+
+    # the suite's own [gate] fail_on is honoured without the flag
+    suite.write_text(suite.read_text(encoding="utf-8") + '\n[gate]\nfail_on = "tokens"\n', encoding="utf-8")
+    inline_cli("fuzz", suite, "--budget", "2m", "--max-trials", "50", "--json-report", tmp_path / "gate.json", check=0)
+    assert read_json(tmp_path / "gate.json")["key"] == "p001"
+    inline_cli("fuzz", suite, "--fail-on", "words", check=2)
