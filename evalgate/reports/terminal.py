@@ -31,6 +31,7 @@ STYLE = {
     "explained_change": "yellow", "new": "cyan", "missing": "cyan",
 }
 MAX_ROWS = 50
+MAX_LINES = 20  # off a terminal (a CI log): the differing requests listed, then "and N more: see the report"
 
 
 def render_report(console: Console, report: Report, fingerprint_changes: dict | None = None) -> None:
@@ -73,8 +74,11 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
     differing = [v for v in report.verdicts if v.verdict != "stable"]
     if differing and not console.is_terminal:  # CI logs: a table wrapped at 80 columns is unreadable
         console.print("differing requests:")
-        for v in differing[:MAX_ROWS]:
+        for v in differing[:MAX_LINES]:
             console.print(escape(f"  {v.key}: {one_line(v, compact=True)}"), soft_wrap=True)
+        if len(differing) > MAX_LINES:
+            console.print(f"  ... and {len(differing) - MAX_LINES} more: see the report (--json-report, "
+                          "evalgate report --html)", soft_wrap=True)
     elif differing:
         table = Table(title="differing requests", title_justify="left")
         for col in ("request", "verdict", "class", "pos", "reference token", "current token", "margin", "why"):
@@ -173,6 +177,20 @@ def _num(value) -> str:
 def render_metrics(console: Console, report: Report) -> None:
     """lm-eval metrics, baseline and current side by side, then the documents that moved a metric."""
     compared = report.baseline_run_id is not None
+    if not console.is_terminal:  # a CI log: one line a metric, never a name broken over two lines
+        console.print("task metrics (lm-eval, first pass):")
+        for row in report.metrics:
+            if not compared:
+                console.print(escape(f"  {row['task']} {row['metric']} = {_num(row['current'])}"
+                                     + (f" ± {_num(row.get('stderr'))}" if row.get("stderr") else "")), soft_wrap=True)
+                continue
+            delta = row["delta"]
+            console.print(escape(f"  {row['task']} {row['metric']}: {_num(row['baseline'])} -> {_num(row['current'])}"
+                                 f" ({'=' if delta == 0 else '' if delta is None else f'{delta:+.4g}'})"
+                                 + (f", {len(row['moved'])} document(s) moved" if row["moved"] else "")
+                                 + (f"; {paired_text(row.get('paired'))}" if row.get("paired") else "")), soft_wrap=True)
+        _moved_documents(console, report)
+        return
     table = Table(title="task metrics (lm-eval, first pass)", title_justify="left")
     columns = (("task", "metric", "baseline", "current", "delta", "docs moved", "did it move?") if compared
                else ("task", "metric", "value", "stderr"))
@@ -191,12 +209,16 @@ def render_metrics(console: Console, report: Report) -> None:
         table.add_row(row["task"], row["metric"], _num(row["baseline"]), _num(row["current"]), delta_text,
                       str(len(row["moved"])) if row["moved"] else "", moved_text)
     console.print(table)
+    _moved_documents(console, report)
+
+
+def _moved_documents(console: Console, report: Report) -> None:
     for name, change in report.task_changes.items():
-        console.print(escape(f"  task {name} changed since the baseline: {change}"), style="yellow")
+        console.print(escape(f"  task {name} changed since the baseline: {change}"), style="yellow", soft_wrap=True)
     for row in report.metrics:
         for doc in row["moved"][:MAX_MOVED]:
             requests = ", ".join(f"{r['key']} ({r['verdict']})" for r in doc["requests"])
             console.print(escape(f"  {row['task']} doc {doc['doc_id']}: {row['metric']} {_num(doc['baseline'])} -> "
-                                 f"{_num(doc['current'])}  [{requests}]"))
+                                 f"{_num(doc['current'])}  [{requests}]"), soft_wrap=True)
         if len(row["moved"]) > MAX_MOVED:
             console.print(f"  ... and {len(row['moved']) - MAX_MOVED} more documents (see --json-report)")

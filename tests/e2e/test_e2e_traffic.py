@@ -138,3 +138,28 @@ def test_fuzz_finds_where_this_machine_varies_and_the_shrunk_trace_reproduces_in
     plain = subprocess.run([sys.executable, str(tmp_path / "pack" / "repro.py")], env=cli.env, capture_output=True,
                            text=True, timeout=600)
     assert plain.returncode == 0 and "reproduced: the outputs differ" in plain.stdout, plain.stdout + plain.stderr[-3000:]
+
+
+def test_fuzz_on_tokens_finds_a_flip_where_plain_vllm_shows_one_and_else_reports_the_drift(cli, tmp_path,
+                                                                                            variance_source):
+    """`fuzz --fail-on tokens` on the survey's workload, seeded with its crowded condition: where plain vLLM
+    flips a token of the request among those neighbours the search finds it; where it only drifts in bits
+    (every AVX-512 CPU measured), the search passes over that drift, says so, and finds nothing."""
+    source = variance_source
+    key = source.differing["batch_size"][0]
+    ws = tmp_path / "ws"
+    suite = source.suite(ws, concurrency=(1,), shuffles=0, hot_pass=False)
+    seed = [{"step": 0, "id": k, "prompt": p, "max_tokens": source.max_tokens}
+            for k, p in zip(source.candidate.keys(), source.prompts) if k != key] + [{"step": 0, "gated": True}]
+    (ws / "seed.jsonl").write_text("".join(json.dumps(e) + "\n" for e in seed))
+    proc = cli("fuzz", suite, "--key", key, "--trace", ws / "seed.jsonl", "--fail-on", "tokens", "--max-trials", "3",
+               "--shrink-trials", "60", "--json-report", tmp_path / "t.json")
+    doc = read_json(tmp_path / "t.json")
+    assert doc["on"] == "tokens"
+    if key in source.token_flips["batch_size"]:  # plain vLLM flips its tokens in exactly this crowd
+        assert proc.returncode == 0 and doc["status"] == "found" and doc["search_trials"] == 1, proc.stdout[-3000:]
+        assert doc["key"] == key and doc["reproduced"] is True
+    else:  # bits only: the first trial drifts (plain vLLM shows it) and is passed over
+        assert proc.returncode == 1 and doc["status"] == "not_found", proc.stdout[-3000:]
+        assert doc["drift_trials"] >= 1 and doc["drift_keys"] == [key]
+        assert "passed over" in proc.stdout

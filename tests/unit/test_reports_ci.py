@@ -420,3 +420,30 @@ def test_terminal_report_off_a_terminal_prints_one_line_per_differing_request():
     tty = Console(file=io.StringIO(), width=200, force_terminal=True)
     render_report(tty, sample())
     assert "differing requests" in tty.file.getvalue() and "┃" in tty.file.getvalue()
+
+
+def test_off_a_terminal_nothing_is_broken_inside_a_word_and_long_lists_are_capped():
+    """A CI log (no terminal, 80 columns): every request key, task and metric name whole on one line, the
+    differing requests capped with "and N more: see the report"."""
+    import io
+
+    from rich.console import Console
+
+    from evalgate.reports.terminal import MAX_LINES, render_report
+
+    keys = [f"evalgate_capitals/{i}/{i % 4}/0" for i in range(50)]
+    verdicts = [RequestVerdict(k, "explained_change", f"{PROMPTS}:{i}", Divergence(2, "token", 5, " a", 6, " b", 0.5),
+                               components=["model"]) for i, k in enumerate(keys)]
+    metrics = [{"task": "evalgate_capitals_and_a_long_task_name", "metric": "exact_match,strip_and_more", "baseline": 0.75,
+                "current": 0.5, "delta": -0.25, "stderr": None, "moved": [],
+                "paired": {"test": "mcnemar_exact", "documents": 50, "up": 0, "down": 12, "p_value": 0.00049,
+                           "alpha": 0.05, "significant": True, "direction": "down", "drop": True}}]
+    report = Report(kind="check", suite_name="s", run_id=2, baseline_run_id=1, verdicts=verdicts,
+                    changed_components=["model"], batch_invariance={}, metrics=metrics)
+    out = io.StringIO()
+    render_report(Console(file=out, width=80, force_terminal=False, highlight=False), report, {})
+    text = out.getvalue()
+    shown = [k for k in keys if k in text]
+    assert shown == keys[:MAX_LINES] and f"... and {50 - MAX_LINES} more: see the report" in text
+    line = next(x for x in text.splitlines() if "evalgate_capitals_and_a_long_task_name" in x)
+    assert "exact_match,strip_and_more: 0.75 -> 0.5 (-0.25)" in line and "0 up, 12 down of 50 documents" in line
