@@ -51,6 +51,10 @@ SAMPLING_KEYS = {
     "frequency_penalty": (int, float),
     "ignore_eos": bool,
 }
+TOP_TABLES = ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "cost", "load", "gate", "probes")
+SUITE_KEYS = {"name", "database", "code_paths"}
+PROMPTS_TABLE_KEYS = {"file"}
+SCHEDULE_KEYS = {"concurrency", "shuffles", "repeats", "seed", "hot_pass", "probes", "preset", "rotation"}
 LM_EVAL_KEYS = {"tasks", "include_path", "limit", "num_fewshot", "fewshot_seed", "bootstrap_iters", "add_bos_token",
                 "apply_chat_template", "system_instruction", "fewshot_as_multiturn"}
 @dataclass(frozen=True)
@@ -172,8 +176,7 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     root = path.parent
 
     # [cost] belongs to `evalgate cost` (evalgate/cost.py validates it); it never changes a run.
-    check_keys(data, {"suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "cost", "load", "gate", "probes"},
-               where, prefix)
+    check_keys(data, set(TOP_TABLES), where, prefix)
     tables = {}
     for name in ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "load", "gate", "probes"):
         value = data.get(name, {})
@@ -221,7 +224,7 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
 def _suite_table(table: dict, path: Path, where: str, prefix: str) -> tuple[str, str, list[Path]]:
     """[suite]: the name (default: the file's), the database URL as written, the declared code paths."""
     sec = f"{prefix}suite."
-    check_keys(table, {"name", "database", "code_paths"}, where, sec)
+    check_keys(table, SUITE_KEYS, where, sec)
     name = typed(table, "name", str, where, sec, default=path.parent.name if prefix else path.stem)
     db_url = typed(table, "database", str, where, sec, default=DEFAULT_DATABASE)
     code_paths = []
@@ -261,7 +264,7 @@ def _sampling_table(table: dict, where: str, sec: str) -> dict[str, Any]:
 
 def _prompts_table(table: dict, root: Path, where: str, sec: str, *, tasks: bool) -> tuple[Path | None, list[Prompt]]:
     """[prompts]: the prompts file and its prompts; a suite of lm-eval tasks alone may have none."""
-    check_keys(table, {"file"}, where, sec)
+    check_keys(table, PROMPTS_TABLE_KEYS, where, sec)
     file_s = typed(table, "file", str, where, sec)
     if not file_s:
         if tasks:
@@ -311,8 +314,7 @@ def _schedule_table(table: dict, probes_table: dict, where: str, prefix: str) ->
     """[schedule]: the passes a run makes (runtime knobs, never identity), the probes it adds and (from
     [probes.<name>]) their settings; and the notes on keys that moved."""
     sec = f"{prefix}schedule."
-    check_keys(table, {"concurrency", "shuffles", "repeats", "seed", "hot_pass", "probes", "preset", "rotation",
-                       *MOVED_TO_PROBES}, where, sec)
+    check_keys(table, SCHEDULE_KEYS | set(MOVED_TO_PROBES), where, sec)
     probe_options, notes = _probe_options(table, probes_table, where, prefix)
     preset = typed(table, "preset", str, where, sec, default=FULL)
     if preset not in PRESETS:
