@@ -42,8 +42,7 @@ def test_every_flag_is_named_in_a_doc(flag):
 def suite_keys() -> list[str]:
     from evalgate.configuration.load import LOAD_KEYS
     from evalgate.configuration.policy import GATE_KEYS
-    from evalgate.configuration.suite import (LM_EVAL_KEYS, PROMPTS_TABLE_KEYS, SAMPLING_KEYS, SCHEDULE_KEYS, SUITE_KEYS,
-                                              TOP_TABLES)
+    from evalgate.configuration.suite import LM_EVAL_KEYS, PROMPTS_TABLE_KEYS, SAMPLING_KEYS, SCHEDULE_KEYS, SUITE_KEYS, TOP_TABLES
     from evalgate.cost import CANDIDATE_KEYS, COST_KEYS
     from evalgate.engines.base import COMMON_KEYS
     from evalgate.engines.openai_api import OPENAI_KEYS, VLLM_SERVER_OWN_KEYS
