@@ -38,15 +38,15 @@ def judge_runs(store: Store, run_id: int, baseline_run_id: int | None, *, kind: 
     """The whole judgement of a stored run against the baseline run (or none): `judge_records` on both."""
     with collector_paused():
         baseline = store.load(baseline_run_id) if baseline_run_id is not None else None
-        return judge_records(store, store.load(run_id), baseline, kind=kind, strict=strict, in_scope=in_scope)
+        return judge_records(store, store.load(run_id), baseline, Judging(kind, strict=strict, in_scope=in_scope))
 
 
-def judge_records(store: Store, current: RunRecord, baseline: RunRecord | None, *, kind: str, strict: bool = False,
-                  in_scope=lambda key: True, policy: GatePolicy | None = None) -> Report:
+def judge_records(store: Store, current: RunRecord, baseline: RunRecord | None, judging: Judging) -> Report:
     """The whole judgement, built in one place: the verdicts and beside them the lm-eval metrics, what
     changed in the tasks' identity, the rotating preset's alone coverage and where the engine's own output
     went."""
-    report = judge(current, baseline, kind=kind, strict=strict, in_scope=in_scope, policy=policy)
+    report = judge(current, baseline, kind=judging.kind, strict=judging.strict, in_scope=judging.scope(),
+                   policy=judging.policy)
     if baseline is not None and baseline.run.hardware_class != current.run.hardware_class:
         report.hardware = judge_across(report, current, baseline, *rescorings(store, current, baseline), report.policy)
     report.metrics = compare_scores(store, current.id, baseline.id if baseline else None,
@@ -103,8 +103,7 @@ def judge_and_finish(store: Store, run_id: int, judging: Judging, timings: Timin
         with timings.phase("evalgate"), collector_paused():
             current = store.load(run_id)
             baseline = store.load(judging.baseline_run_id) if judging.baseline_run_id is not None else None
-            report = judge_records(store, current, baseline, kind=judging.kind, strict=judging.strict,
-                                   in_scope=judging.scope(), policy=judging.policy)
+            report = judge_records(store, current, baseline, judging)
             report.hardware_class = current.run.hardware_class
             report.hardware_label = hardware_label(current.fingerprint.get("hardware") or {})
             report.promoted = promotes(report, allow_variance=judging.allow_variance, shard=judging.shard)
@@ -148,7 +147,7 @@ def stored_report(store: Store, run_id: int) -> Report | None:
     with collector_paused():
         current = store.load(run_id)
         baseline = store.load(run.baseline_run_id) if run.baseline_run_id is not None else None
-        report = judge_records(store, current, baseline, kind=run.kind)
+        report = judge_records(store, current, baseline, Judging(run.kind))
     report.hardware_class = run.hardware_class
     report.hardware_label = hardware_label(current.fingerprint.get("hardware") or {})
     report.promoted = store.baseline_for(run.suite_name, run.hardware_class) == run_id
