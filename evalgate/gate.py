@@ -124,7 +124,7 @@ def judge_and_finish(store: Store, run_id: int, judging: Judging, timings: Timin
 def report_record(report: Report) -> dict:
     """The report as stored with its run: `to_dict` less the requests, which the run's verdict rows hold
     (the same objects, stored once)."""
-    return {k: v for k, v in report.to_dict().items() if k != "requests"}
+    return report.to_dict(requests=False)
 
 
 def stored_section(run: Run, name: str):

@@ -71,9 +71,10 @@ def runs_history(suite: Optional[str] = typer.Argument(None, help="A suite file,
 
 def metric_text(m: dict) -> str:
     """`evalgate_capitals acc,none 0.75 (-0.25)`: a metric's value and its delta from the run's baseline."""
-    value = "-" if m["current"] is None else f"{m['current']:.4g}"
-    delta = "" if m["delta"] is None else " (=)" if m["delta"] == 0 else f" ({m['delta']:+.4g})"
-    return f"{m['task']} {m['metric']} {value}{delta}"
+    from ..reports.explain import delta_text, number_text
+
+    delta = f" ({delta_text(m['delta'])})" if m["delta"] is not None else ""
+    return f"{m['task']} {m['metric']} {number_text(m['current']) or '-'}{delta}"
 
 
 @handled

@@ -201,7 +201,9 @@ class Report:
     def status(self) -> str:
         return "regression" if self.failing or self.failing_metrics else "pass"
 
-    def to_dict(self) -> dict:
+    def to_dict(self, requests: bool = True) -> dict:
+        """The report as JSON (docs/json-report.md); `requests=False`: without the per-request verdicts (the
+        run's verdict rows hold them when it is stored)."""
         return {
             "schema": REPORT_SCHEMA,
             "kind": self.kind,
@@ -215,7 +217,7 @@ class Report:
             "counts": self.counts,
             "changed_components": self.changed_components,
             "batch_invariance": self.batch_invariance,
-            "requests": [v.to_dict() for v in self.verdicts if v.verdict != "stable"],
+            **({"requests": [v.to_dict() for v in self.verdicts if v.verdict != "stable"]} if requests else {}),
             "metrics": self.metrics,
             "task_changes": self.task_changes,
             "factors": self.factors,
@@ -272,12 +274,6 @@ class Report:
                            "alone_coverage": self.alone_coverage, "baseline_pairs": self.baseline_pairs,
                            "hardware": self.hardware, "classes": self.classes},
         }
-
-    def judged(self) -> dict:
-        """What the judgement found about the run's factors, stored with the run (the HTML report reads it)."""
-        return {"factors": self.factors, "cache_hits": self.cache_hits, "baseline_pairs": self.baseline_pairs,
-                "not_run": self.not_run, "alone_coverage": self.alone_coverage, "gate": self.policy.to_dict(),
-                "differences": self.differences(), "hardware": self.hardware.to_dict() if self.hardware else None}
 
 
 def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check", strict: bool = False,

@@ -33,7 +33,8 @@ class Needle(Probe):
         return None
 
     def waves(self, pass_, keys: list[str], context: WaveContext) -> Iterator[Wave]:
-        fillers = needle_fillers(context)
+        fillers = needle_fillers(context, self.option(context.schedule, "batch"),
+                                 self.option(context.schedule, "filler_tokens"))
         rng = random.Random(context.schedule.seed)
         for n, key in enumerate(keys):
             wave = [replace(f, key=f"{f.key}-{n}") for f in fillers]  # own cache salts: the fillers run cold
@@ -57,14 +58,14 @@ def needle_unit(engine) -> list[int]:
     return engine.encode(FILLER_TEXT) or [1]
 
 
-def needle_fillers(context: WaveContext) -> list[Prompt]:
-    """The probe's `batch` long filler requests of token ids (deterministic)."""
-    schedule, engine, probe = context.schedule, context.engine, Needle()
+def needle_fillers(context: WaveContext, count: int, setting: int) -> list[Prompt]:
+    """`count` long filler requests of token ids (deterministic), of `setting` tokens (0: automatic)."""
+    engine = context.engine
     longest = max((len(ids) for ids in context.prompt_ids.values()), default=0)
-    length = filler_tokens(probe.option(schedule, "filler_tokens"), engine.max_model_len, longest)
+    length = filler_tokens(setting, engine.max_model_len, longest)
     unit = needle_unit(engine)
     fillers = []
-    for i in range(probe.option(schedule, "batch")):
+    for i in range(count):
         ids = (unit * (length // len(unit) + 2))[i % len(unit):][:length]
         fillers.append(Prompt(f"{COMPANION_PREFIX}filler-{i}", "", max_tokens=8, line=0, prompt_ids=tuple(ids)))
     return fillers

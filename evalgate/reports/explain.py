@@ -30,8 +30,18 @@ def divergence_tokens(d: Divergence, *, compact: bool = False) -> tuple[str, str
     return ref, cur
 
 
+def number_text(value: float | None) -> str:
+    """A figure as reports print it: four significant digits, "" when there is none."""
+    return "" if value is None else f"{value:.4g}"
+
+
 def margin_text(margin: float | None) -> str:
-    return "" if margin is None else f"{margin:.4g}"
+    return number_text(margin)
+
+
+def delta_text(delta: float | None) -> str:
+    """A metric's change from the baseline: `+0.04`, `=` when it did not move, "" without a baseline."""
+    return "" if delta is None else "=" if delta == 0 else f"{delta:+.4g}"
 
 
 def why(v: RequestVerdict) -> str:

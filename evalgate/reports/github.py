@@ -22,6 +22,7 @@ from .explain import (
     ACROSS_WORDS,
     STACK_NAMES,
     class_lines,
+    delta_text,
     divergence_tokens,
     factor_lines,
     gate_lines,
@@ -30,6 +31,7 @@ from .explain import (
     is_failure,
     margin_text,
     metric_failure_line,
+    number_text,
     one_line,
     paired_text,
     split_location,
@@ -190,17 +192,14 @@ def step_summary(report: Report, fingerprint_changes: Mapping[str, str] | None =
 
 def _metrics_markdown(report: Report) -> list[str]:
     """lm-eval metrics, baseline vs current, with how many documents moved each one."""
-    def num(value) -> str:
-        return "" if value is None else f"{value:.4g}"
-
     lines = ["### Task metrics (lm-eval)", "",
              "| task | metric | baseline | current | delta | documents moved | did it move? |",
              "|---|---|---:|---:|---:|---:|---|"]
     for row in report.metrics:
         delta = row["delta"]
         paired = paired_text(row.get("paired"))
-        lines.append(f"| {md_text(row['task'])} | {md_text(row['metric'])} | {num(row['baseline'])} | {num(row['current'])} "
-                     f"| {'' if delta is None else '=' if delta == 0 else f'{delta:+.4g}'} | {len(row['moved']) or ''} "
+        lines.append(f"| {md_text(row['task'])} | {md_text(row['metric'])} | {number_text(row['baseline'])} "
+                     f"| {number_text(row['current'])} | {delta_text(delta)} | {len(row['moved']) or ''} "
                      f"| {md_text(paired)} |")
     lines.append("")
     for name, change in report.task_changes.items():

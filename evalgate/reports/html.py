@@ -26,12 +26,14 @@ from ..store import display_status
 from .explain import (
     ACROSS_WORDS,
     STACK_NAMES,
+    delta_text,
     factor_lines,
     gate_lines,
     hardware_lines,
     invariance,
     margin_text,
     metric_failure_line,
+    number_text,
     one_line,
     paired_text,
     token_label,
@@ -136,13 +138,10 @@ def _request(diff: RequestDiff) -> dict[str, Any]:
 
 
 def _metric(m: dict) -> dict[str, str]:
-    def num(value) -> str:
-        return "" if value is None else f"{value:.4g}"
-
-    delta = m["delta"]
-    moved = ", ".join(f'doc {d["doc_id"]} ({num(d["baseline"])} \u2192 {num(d["current"])})' for d in m["moved"][:20])
-    return {"task": m["task"], "metric": m["metric"], "baseline": num(m["baseline"]), "current": num(m["current"]),
-            "delta": "" if delta is None else "=" if delta == 0 else f"{delta:+.4g}",
+    moved = ", ".join(f'doc {d["doc_id"]} ({number_text(d["baseline"])} \u2192 {number_text(d["current"])})'
+                      for d in m["moved"][:20])
+    return {"task": m["task"], "metric": m["metric"], "baseline": number_text(m["baseline"]),
+            "current": number_text(m["current"]), "delta": delta_text(m["delta"]),
             "moved": moved + (" ..." if len(m["moved"]) > 20 else ""), "paired": paired_text(m.get("paired")),
             "worse": bool((m.get("paired") or {}).get("drop"))}
 
@@ -154,9 +153,9 @@ def _factor_rows(factors: list[dict], cache_hits: list[dict]) -> list[dict[str, 
              "width": f"{100 * (f['differing'] / f['compared'] if f.get('compared') else 0.0):.0f}"} for f in factors]
 
 
-def page_context(run: Run, report: Report | None, diffs: list[RequestDiff]) -> dict[str, Any]:
-    """What the template shows beyond the Report itself: the lines and rows for people."""
-    conditions = report.sections()["conditions"] if report is not None else {}
+def page_context(run: Run, report: Report | None, sections: dict, diffs: list[RequestDiff]) -> dict[str, Any]:
+    """What the template shows beyond the Report's sections: the lines and rows for people."""
+    conditions = sections.get("conditions") or {}
     factors, hits = conditions.get("factors") or [], conditions.get("cache_hits") or []
     lines = factor_lines(factors, hits, conditions.get("not_run") or [], conditions.get("alone_coverage"))
     if lines and report is not None:
@@ -195,10 +194,10 @@ def _template():
 
 def render_html(run: Run, report: Report | None, diffs: list[RequestDiff] = ()) -> str:
     """The page of a run (its row), its stored report (None: never judged) and its differing requests' sides."""
-    return _template().render(run=run, status=display_status(run), report=report,
-                              sections=report.sections() if report is not None else {},
-                              page=page_context(run, report, list(diffs)), css=(TEMPLATES / "report.css").read_text(),
-                              csp=CSP)
+    sections = report.sections() if report is not None else {}
+    return _template().render(run=run, status=display_status(run), report=report, sections=sections,
+                              page=page_context(run, report, sections, list(diffs)),
+                              css=(TEMPLATES / "report.css").read_text(), csp=CSP)
 
 
 # --- loading a stored run -------------------------------------------------------------------------------

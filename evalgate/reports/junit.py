@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..judgement.verdict import Report, RequestVerdict
 from .atomic import write_text_atomic
-from .explain import failure_text, one_line, paired_text, split_location
+from .explain import delta_text, failure_text, number_text, one_line, paired_text, split_location
 
 _ILLEGAL_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
@@ -77,9 +77,9 @@ def metric_properties(report: Report) -> list[tuple[str, str]]:
         return []
     props = [("metric_alpha", repr(report.policy.metric_alpha)), ("fail_on_metric", report.policy.fail_on_metric or "")]
     for m in report.metrics:
-        delta = "" if m["delta"] is None else f" ({m['delta']:+.4g})"
-        value = "" if m["current"] is None else f"{m['current']:.4g}"
-        props.append((f"metric {m['task']} {m['metric']}", f"{value}{delta}; {paired_text(m.get('paired'))}".rstrip("; ")))
+        delta = f" ({delta_text(m['delta'])})" if m["delta"] is not None else ""
+        props.append((f"metric {m['task']} {m['metric']}",
+                      f"{number_text(m['current'])}{delta}; {paired_text(m.get('paired'))}".rstrip("; ")))
     return props
 
 

@@ -15,12 +15,14 @@ from .explain import (
     ACROSS_WORDS,
     batch_bisectable,
     class_lines,
+    delta_text,
     divergence_tokens,
     factor_lines,
     gate_lines,
     hardware_lines,
     margin_text,
     metric_failure_line,
+    number_text,
     one_line,
     paired_text,
     why,
@@ -170,10 +172,6 @@ def _varying(report: Report) -> list[str]:
 MAX_MOVED = 10
 
 
-def _num(value) -> str:
-    return "" if value is None else f"{value:.4g}"
-
-
 def render_metrics(console: Console, report: Report) -> None:
     """lm-eval metrics, baseline and current side by side, then the documents that moved a metric."""
     compared = report.baseline_run_id is not None
@@ -181,12 +179,12 @@ def render_metrics(console: Console, report: Report) -> None:
         console.print("task metrics (lm-eval, first pass):")
         for row in report.metrics:
             if not compared:
-                console.print(escape(f"  {row['task']} {row['metric']} = {_num(row['current'])}"
-                                     + (f" ± {_num(row.get('stderr'))}" if row.get("stderr") else "")), soft_wrap=True)
+                console.print(escape(f"  {row['task']} {row['metric']} = {number_text(row['current'])}"
+                                     + (f" ± {number_text(row.get('stderr'))}" if row.get("stderr") else "")), soft_wrap=True)
                 continue
             delta = row["delta"]
-            console.print(escape(f"  {row['task']} {row['metric']}: {_num(row['baseline'])} -> {_num(row['current'])}"
-                                 f" ({'=' if delta == 0 else '' if delta is None else f'{delta:+.4g}'})"
+            console.print(escape(f"  {row['task']} {row['metric']}: {number_text(row['baseline'])} -> {number_text(row['current'])}"
+                                 f" ({delta_text(delta)})"
                                  + (f", {len(row['moved'])} document(s) moved" if row["moved"] else "")
                                  + (f"; {paired_text(row.get('paired'))}" if row.get("paired") else "")), soft_wrap=True)
         _moved_documents(console, report)
@@ -199,14 +197,14 @@ def render_metrics(console: Console, report: Report) -> None:
                          **({} if col in ("task", "metric", "did it move?") else {"justify": "right", "no_wrap": True}))
     for row in report.metrics:
         if not compared:
-            table.add_row(row["task"], row["metric"], _num(row["current"]), _num(row.get("stderr")))
+            table.add_row(row["task"], row["metric"], number_text(row["current"]), number_text(row.get("stderr")))
             continue
         delta = row["delta"]
-        delta_text = Text("" if delta is None else "=" if delta == 0 else f"{delta:+.4g}", style="yellow" if delta else "")
+        change = Text(delta_text(delta), style="yellow" if delta else "")
         paired = row.get("paired")
         moved_text = Text(paired_text(paired), style="bold red" if (paired or {}).get("drop") else
                           "yellow" if (paired or {}).get("significant") else "")
-        table.add_row(row["task"], row["metric"], _num(row["baseline"]), _num(row["current"]), delta_text,
+        table.add_row(row["task"], row["metric"], number_text(row["baseline"]), number_text(row["current"]), change,
                       str(len(row["moved"])) if row["moved"] else "", moved_text)
     console.print(table)
     _moved_documents(console, report)
@@ -218,7 +216,7 @@ def _moved_documents(console: Console, report: Report) -> None:
     for row in report.metrics:
         for doc in row["moved"][:MAX_MOVED]:
             requests = ", ".join(f"{r['key']} ({r['verdict']})" for r in doc["requests"])
-            console.print(escape(f"  {row['task']} doc {doc['doc_id']}: {row['metric']} {_num(doc['baseline'])} -> "
-                                 f"{_num(doc['current'])}  [{requests}]"), soft_wrap=True)
+            console.print(escape(f"  {row['task']} doc {doc['doc_id']}: {row['metric']} {number_text(doc['baseline'])} -> "
+                                 f"{number_text(doc['current'])}  [{requests}]"), soft_wrap=True)
         if len(row["moved"]) > MAX_MOVED:
             console.print(f"  ... and {len(row['moved']) - MAX_MOVED} more documents (see --json-report)")

@@ -56,7 +56,7 @@ def test_every_recorded_run_is_judged_as_it_was(store):
         assert canonical(got) == canonical(stored_verdicts), run.id
         stored = run.schedule["judged"]
         for name in ("factors", "cache_hits", "baseline_pairs", "differences"):
-            assert canonical(report.judged()[name]) == canonical(stored[name]), (run.id, name)
+            assert canonical(report.to_dict()[name]) == canonical(stored[name]), (run.id, name)
 
 
 def test_every_recorded_output_reads_back_to_its_digest(store):
@@ -121,7 +121,7 @@ def test_version_1_and_version_2_payloads_side_by_side_judge_identically(store):
             assert report.counts == recorded.counts == run.summary, run.id
             assert canonical([v.to_dict() for v in report.verdicts]) == canonical([v.to_dict() for v in recorded.verdicts])
             for name in ("factors", "cache_hits", "baseline_pairs", "differences"):
-                assert canonical(report.judged()[name]) == canonical(recorded.judged()[name]), (run.id, name)
+                assert canonical(report.to_dict()[name]) == canonical(recorded.to_dict()[name]), (run.id, name)
         digests = {(k, c.pass_index): c.digest for k, cs in store.load(run.id).outputs.items() for c in cs}
         copied = {(k, c.pass_index): c.digest for k, cs in store.load(copies[run.id]).outputs.items() for c in cs}
         assert copied == digests
