@@ -50,10 +50,12 @@ class NoBaselineError(EvalgateError):
 
 
 class MissingDependency(ConfigError):
-    def __init__(self, package: str, extra: str = "cpu"):
+    def __init__(self, package: str, extra: str = "cpu", fix: str | None = None):
         super().__init__(
             f"{package} is not installed in this environment",
-            fix=f"pip install 'evalgate-vllm[{extra}]'  (or run `make setup` in the evalgate checkout)",
+            fix=fix or f"pip install -e '.[{extra}]' in an evalgate checkout"
+                       + (" --extra-index-url https://download.pytorch.org/whl/cpu" if extra == "cpu" else "")
+                       + " (or a git URL: README.md \"Install into your own project\")",
         )
 
 

@@ -27,7 +27,8 @@ from .judgement.verdict import Report, judge
 from .store import BASELINE_RESCORING, OWN_RESCORING, Run, RunRecord, Store, existing_store, open_store
 
 
-def _database(suite: Suite, store: Store | str | None) -> str:
+def suite_database(suite: Suite, store: Store | str | None) -> str:
+    """The database URL a run of the suite uses: the store given (a Store or URL), else the suite's."""
     if isinstance(store, Store):
         return store.url
     return store or suite.database
@@ -172,7 +173,7 @@ def create_baseline(suite: Suite, store: Store | str | None = None, *, schedule:
     disagree (batch variance): a baseline must be reproducible. `allow_variance` promotes it anyway,
     with the first pass of each request as the reference. `store`: a Store or URL (default: the suite's).
     With `shard`, only that shard runs and nothing is promoted until `merge` joins the group's shards."""
-    url = _database(suite, store)
+    url = suite_database(suite, store)
     existing_store(url)
     request = RunRequest(suite, url, "baseline", schedule or suite.schedule, shard=shard,
                          labels={"shard_group": _group(shard, group)}, show_engine_output=show_engine_output,
@@ -255,7 +256,7 @@ def check(suite: Suite, store: Store | str | None = None, *, schedule: Schedule 
     No baseline on this hardware class: judged against the nearest other class's (`against` names one),
     every difference classified (judgement/hardware.py); the check then also rescores the baseline's tokens
     and its own. `adopt`: such a check with no confident flip becomes this class's baseline."""
-    url = _database(suite, store)
+    url = suite_database(suite, store)
     choice = find_baseline(suite, existing_store(url), url, against)
     request = RunRequest(suite, url, "check", schedule or suite.schedule, shard=shard,
                          labels={"shard_group": _group(shard, group)}, show_engine_output=show_engine_output,
@@ -273,7 +274,7 @@ def merge(suite: Suite, group: str, *, kind: str = "check", store: Store | str |
     the baseline, or (kind "baseline") a new baseline, under the suite's `[gate]` policy (as the merge command
     gives it: `--fail-on` included), recorded with the merged run. Refuses an incomplete set of shards, and
     shards whose identity differs (a merged verdict over different stacks would mean nothing)."""
-    url = _database(suite, store)
+    url = suite_database(suite, store)
     store = open_store(url, create=False)
     latest: dict[str, Run] = {}
     for run in store.shard_runs(suite.name, group, kind):

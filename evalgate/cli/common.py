@@ -16,8 +16,19 @@ from rich.markup import escape
 
 from ..errors import EvalgateError, ExitCode
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+
+def _console(stderr: bool = False) -> Console:
+    """Off a terminal (CI logs, pipes) rich would wrap every line at 80 columns, breaking words and table
+    cells: there lines are never wrapped and tables get the width they need (COLUMNS still wins)."""
+    found = Console(stderr=stderr, highlight=False)
+    if found.is_terminal or os.environ.get("COLUMNS"):
+        return found
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=OFF_TERMINAL_WIDTH)
+
+
+OFF_TERMINAL_WIDTH = 200
+console = _console()
+err_console = _console(stderr=True)
 
 
 def _sigterm_as_interrupt(signum, frame):

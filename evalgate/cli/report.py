@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ..errors import ConfigError
-from .common import console, handled, open_store_for
+from .common import console, err_console, handled, open_store_for
 
 
 def _suite_name(db: str | None, suite: Path | None) -> str | None:
@@ -34,9 +34,16 @@ def report(run_id: Optional[int] = typer.Argument(None, help="The run to report 
     from ..reports.atomic import write_text_atomic
     from ..reports.html import build_html
 
+    store, run_id = chosen_run(run_id, latest, db, suite, "report")
+    write_text_atomic(html, build_html(store, run_id, stored_report(store, run_id)))
+    console.print(f"wrote the report of run {run_id} to {html}")
+
+
+def chosen_run(run_id: int | None, latest: bool, db: str | None, suite: Path | None, command: str):
+    """The store and the run a command reports: RUN, or with --latest the suite's newest check or baseline."""
     if latest == (run_id is not None):
-        raise ConfigError("give either a run id or --latest", fix="evalgate report 7 --html out/report.html, or "
-                                                                 "evalgate report --latest --suite suite.toml --html ...")
+        raise ConfigError("give either a run id or --latest", fix=f"evalgate {command} 7 ..., or "
+                                                                 f"evalgate {command} --latest --suite suite.toml ...")
     store = open_store_for(db, suite)
     if latest:
         name = _suite_name(db, suite)
@@ -45,5 +52,48 @@ def report(run_id: Optional[int] = typer.Argument(None, help="The run to report 
             raise ConfigError(f"no runs{f' of suite {name!r}' if name else ''} in {store.url}",
                               fix="run `evalgate check` or `evalgate baseline create` first")
         run_id = runs[0].id
-    write_text_atomic(html, build_html(store, run_id, stored_report(store, run_id)))
-    console.print(f"wrote the report of run {run_id} to {html}")
+    return store, run_id
+
+
+@handled
+def pr_comment(run_id: Optional[int] = typer.Argument(None, help="The run to comment on (see `evalgate runs list`)"),
+               latest: bool = typer.Option(False, "--latest", help="The newest run of the suite instead of RUN"),
+               db: Optional[str] = typer.Option(None, "--db", help="Database URL or SQLite path"),
+               suite: Optional[Path] = typer.Option(None, "--suite", help="Take the database (and, with --latest, the "
+                                                                        "suite name) from this suite file"),
+               body_file: Optional[Path] = typer.Option(None, "--body-file", help="Also write the comment's Markdown here"),
+               artifact: Optional[str] = typer.Option(None, "--artifact", help="The name of the uploaded HTML report "
+                                                      "artifact, linked from the comment"),
+               dry_run: bool = typer.Option(False, "--dry-run", help="Write the body; post nothing")):
+    """Post or update the pull request's one evalgate comment (found by a hidden marker) on GitHub Actions.
+    A token that cannot write (a fork PR) is noted in the job summary instead; exit 0 either way."""
+    import os
+
+    from ..gate import stored_report
+    from ..reports import github
+    from ..reports.atomic import write_text_atomic
+    from ..reports.pr_comment import CannotComment, comment_body, environment_token, fallback_note, post_or_update, pull_request, run_url
+
+    store, run_id = chosen_run(run_id, latest, db, suite, "pr-comment")
+    found = stored_report(store, run_id)
+    if found is None:
+        raise ConfigError(f"run {run_id} was never judged: no verdict to comment", fix="comment on a check or baseline run")
+    body = comment_body(found, run_link=run_url(os.environ), artifact=artifact)
+    if body_file:
+        write_text_atomic(body_file, body)
+        console.print(f"wrote the comment of run {run_id} to {body_file}")
+    pr = pull_request(os.environ)
+    if dry_run or pr is None:
+        console.print("not posted: " + ("--dry-run" if dry_run else "this is not a pull request's workflow run"))
+        return
+    token = environment_token()
+    try:
+        if not token:
+            raise CannotComment("no GITHUB_TOKEN in the environment")
+        posted = post_or_update(pr, token, body)
+    except CannotComment as exc:
+        err_console.print(f"[yellow]warning:[/] no PR comment: {exc}; noted in the job summary instead")
+        if github.on_github():
+            github.append_summary(fallback_note(str(exc)))
+        return
+    console.print(f"{posted.action} the PR comment {posted.url or posted.comment_id}")

@@ -71,29 +71,6 @@ hot_pass = false             # these prompts are shorter than one prefix-cache b
 """
 
 
-# What removes each factor's variance where batch-invariant kernels are not in force: one sequence at a time
-# for who shares the batch, no prefix cache for the cache (judgement/factors.py remedies; `evalgate cost` prices both).
-REMEDY_ARGS = {"batch_size": {"max_num_seqs": 1}, "neighbours": {"max_num_seqs": 1}, "order": {"max_num_seqs": 1},
-               "prefill_decode": {"max_num_seqs": 1}, "prefix_cache": {"enable_prefix_caching": False}}
-
-
-def remedy_args(factors: list[str]) -> dict:
-    """The engine settings that remove the variance under these factors."""
-    args: dict = {}
-    for factor in factors:
-        args.update(REMEDY_ARGS.get(factor, {}))
-    return args
-
-
-def with_engine_args(suite_path: Path, args: dict) -> None:
-    """Write settings into the suite file's [engine] table (the demo's workspace), with a comment saying why."""
-    text = suite_path.read_text(encoding="utf-8")
-    lines = "".join(f"{key} = {json.dumps(value)}\n" for key, value in args.items())
-    marker = "\n[sampling]"
-    note = "# chosen by `evalgate demo`: the passes disagreed on this machine without it\n"
-    suite_path.write_text(text.replace(marker, "\n" + note + lines + marker, 1), encoding="utf-8")
-
-
 def crowded_tokens_per_second(store, run_id: int) -> float | None:
     """Output tokens/s of a run's most crowded cold pass (the runner's own per-pass timings)."""
     passes = [p for p in (store.load(run_id).run.schedule or {}).get("timings", {}).get("passes", [])

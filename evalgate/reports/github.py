@@ -224,7 +224,9 @@ def _bases(environ: Mapping[str, str]) -> list[str]:
     return [environ.get("GITHUB_WORKSPACE", ""), os.getcwd()]
 
 
-def _append_summary(text: str, environ: Mapping[str, str]) -> None:
+def append_summary(text: str, environ: Mapping[str, str] | None = None) -> None:
+    """Append Markdown to the job summary (`$GITHUB_STEP_SUMMARY`; nothing when it is not set)."""
+    environ = os.environ if environ is None else environ
     path = environ.get("GITHUB_STEP_SUMMARY")
     if path:
         with open(path, "a", encoding="utf-8") as f:
@@ -237,7 +239,7 @@ def publish(report: Report, fingerprint_changes: Mapping[str, str] | None = None
     environ = os.environ if environ is None else environ
     if not on_github(environ):
         return False
-    _append_summary(step_summary(report, fingerprint_changes), environ)
+    append_summary(step_summary(report, fingerprint_changes), environ)
     out = out or sys.stdout
     out.write(annotations(report, _bases(environ)))
     out.flush()
@@ -249,7 +251,7 @@ def publish_infra_error(kind: str, message: str, *, environ: Mapping[str, str] |
     environ = os.environ if environ is None else environ
     if not on_github(environ):
         return False
-    _append_summary(infra_summary(kind, message), environ)
+    append_summary(infra_summary(kind, message), environ)
     out = out or sys.stdout
     out.write(infra_annotation(message))
     out.flush()

@@ -186,7 +186,7 @@ def _template():
     except ImportError:  # a dependency of evalgate; an install without it is broken
         from ..errors import MissingDependency
 
-        raise MissingDependency("the HTML report needs Jinja2", fix="pip install jinja2") from None
+        raise MissingDependency("jinja2 (the HTML report)", fix="pip install jinja2") from None
     environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                                      undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     return environment.get_template("report.html.j2")

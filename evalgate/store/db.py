@@ -256,6 +256,6 @@ def _identify(engine: Engine, script, where: str, head: str) -> str | None:
                 ) from None
             raise ConfigError(
                 f"{where}: written by a newer evalgate (schema revision {current}; this evalgate knows up to {head})",
-                fix="upgrade evalgate (pip install -U evalgate-vllm), or use another database",
+                fix="upgrade evalgate (README.md \"Install into your own project\"), or use another database",
             ) from None
     return current

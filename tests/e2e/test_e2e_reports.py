@@ -7,39 +7,19 @@ renders with the first divergence highlighted, no console error and no network r
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import struct
-import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from helpers import CLI, read_json, write_suite
+from helpers import CLI, chromium, read_json, run_chromium, write_suite
 
 pytestmark = pytest.mark.e2e
 
 PROMPTS = [f"Prompt number {i}: the quick brown fox and the {w}" for i, w in
            enumerate(["dog", "cat", "river", "city", "answer", "model"])]
-
-
-def chromium() -> str:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")  # Debian's name, then Ubuntu's
-    if exe is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not on PATH: CI must install Debian's `chromium` package for the HTML test")
-        pytest.skip("chromium is not installed (apt-get install chromium)")
-    return exe
-
-
-def run_chromium(exe: str, profile: Path, url: str, *args: str) -> subprocess.CompletedProcess:
-    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-           "--enable-logging=stderr", "--v=0", *args, url]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
 
 
 def console_lines(stderr: str) -> list[str]:

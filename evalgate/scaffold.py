@@ -1,0 +1,235 @@
+"""`evalgate init`: a project's first day, written for it.
+
+`Scaffold` holds the choices (a model directory or a server, lm-eval tasks, the user's prompts or a few
+examples, the gate level, the schedule preset, the database); `scaffold_files` renders the files;
+`write_scaffold` writes them all or none: it refuses when any of them exists (naming it), and removes what
+it wrote if the suite it wrote does not load. Nothing here runs a model: the CLI then surveys the machine
+(evalgate/survey.py) and writes the remedy into the suite where the passes disagree, as the demo does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__
+from .configuration.policy import FAIL_ON
+from .configuration.schedule import FULL, PRESETS, ROTATING
+from .errors import ConfigError
+
+SUITE_FILE = "evalgate.toml"
+PROMPTS_FILE = "prompts.jsonl"
+WORKFLOW_FILE = ".github/workflows/evalgate.yml"
+BASELINES_DIR = "baselines"
+DEFAULT_DATABASE = "sqlite:///baselines/evalgate.sqlite"
+# The action this version of evalgate pins in the workflow it writes (docs/ci.md "The composite action").
+ACTION = f"evalgate/evalgate@v{__version__}"
+
+PLAIN_EXAMPLES = [
+    "The capital of France is",
+    "Q: What is 12 times 12?\nA:",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    "The three primary colors are",
+    "Translate to French: good morning =>",
+]
+CHAT_EXAMPLES = [
+    "What is the boiling point of water at sea level, in Celsius?",
+    "Write one sentence explaining what a hash function is.",
+    "Name a prime number between 20 and 30.",
+]
+
+
+@dataclass(frozen=True)
+class Scaffold:
+    """What `evalgate init` writes into `directory`. A local model (`model`, the vllm kind) or a server
+    (`url`, the openai kind, serving `served_model`); `model` with `url` is the server's local copy."""
+
+    directory: Path
+    model: Path | None = None
+    url: str | None = None
+    served_model: str | None = None
+    tasks: tuple[str, ...] = ()
+    prompts: Path | None = None  # the user's prompts file (None: a few examples are written)
+    fail_on: str = "bits"
+    preset: str = FULL
+    database: str = DEFAULT_DATABASE
+    name: str | None = None
+    action: str = ACTION
+    engine_extra: str = ""  # more [engine] lines (the tests' fake engine)
+    chat: bool = field(default=False)  # whether the model has a chat template (the examples include chats)
+
+    @property
+    def suite_name(self) -> str:
+        return self.name or re.sub(r"[^A-Za-z0-9_.-]+", "-", self.directory.resolve().name).strip("-") or "suite"
+
+
+def validate(scaffold: Scaffold) -> Scaffold:
+    """Every choice checked before anything is written; each refusal names its flag. Returns the scaffold
+    with what the model directory says (`chat`)."""
+    if scaffold.model is None and scaffold.url is None:
+        raise ConfigError("init needs a model: --model DIR (a local Hugging Face model directory) or --url URL "
+                          "(an OpenAI-compatible vLLM server)", fix="e.g. evalgate init --model models/my-model")
+    if scaffold.model is not None and not (scaffold.model / "config.json").is_file():
+        raise ConfigError(f"--model: {scaffold.model} is not a Hugging Face model directory (no config.json)",
+                          fix="give the directory holding config.json and the weights (`evalgate build-model` makes one)")
+    if scaffold.url is not None:
+        if not re.match(r"^https?://[^/\s]+", scaffold.url):
+            raise ConfigError(f"--url: {scaffold.url!r} is not an http(s) URL", fix="e.g. --url http://127.0.0.1:8000")
+        if not scaffold.served_model:
+            raise ConfigError("--url needs --served-model: the model name the server serves (GET /v1/models lists it)",
+                              fix="e.g. --served-model my-model")
+    if scaffold.fail_on not in FAIL_ON:
+        raise ConfigError(f"--fail-on: {scaffold.fail_on!r} is not a gate level", fix=f"one of {', '.join(FAIL_ON)}")
+    if scaffold.preset not in PRESETS:
+        raise ConfigError(f"--preset: {scaffold.preset!r} is not a schedule preset", fix=f"one of {', '.join(PRESETS)}")
+    if scaffold.prompts is not None and not scaffold.prompts.is_file():
+        raise ConfigError(f"--prompts: {scaffold.prompts} is not a file", fix="give a JSONL prompts file (docs/suite.md)")
+    bad = [t for t in scaffold.tasks if not re.match(r"^[A-Za-z0-9_.-]+$", t)]
+    if bad:
+        raise ConfigError(f"--tasks: {bad[0]!r} is not an lm-eval task name", fix="comma-separated names, e.g. --tasks arc_easy,hellaswag")
+    # a server without a local model directory gets plain examples only: its chat template is unknown here
+    chat = scaffold.model is not None and has_chat_template(scaffold.model)
+    return Scaffold(**{**scaffold.__dict__, "chat": chat})
+
+
+def has_chat_template(model: Path) -> bool:
+    """Whether the model directory carries a chat template (the examples then include chat requests)."""
+    if (model / "chat_template.jinja").is_file() or (model / "chat_template.json").is_file():
+        return True
+    try:
+        config = json.loads((model / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(config.get("chat_template"))
+
+
+def _path_in_suite(path: Path, directory: Path) -> str:
+    """A path as the suite file gives it: relative to the suite's directory when it lies beside it."""
+    path, directory = path.resolve(), directory.resolve()
+    try:
+        return os.path.relpath(path, directory) if path.is_relative_to(directory) else str(path)
+    except ValueError:  # another drive
+        return str(path)
+
+
+def example_prompts(chat: bool) -> list[dict]:
+    lines = [{"id": f"text-{i:02d}", "prompt": text} for i, text in enumerate(PLAIN_EXAMPLES)]
+    if chat:
+        lines += [{"id": f"chat-{i:02d}", "messages": [{"role": "user", "content": text}]} for i, text in enumerate(CHAT_EXAMPLES)]
+    return lines
+
+
+def suite_text(s: Scaffold) -> str:
+    q = json.dumps  # TOML basic strings and JSON strings agree for what is written here
+    prompts = _path_in_suite(s.prompts, s.directory) if s.prompts else PROMPTS_FILE
+    engine = ['kind = "openai"', f"base_url = {q(s.url)}", f"served_model = {q(s.served_model)}"] if s.url else []
+    if s.model is not None:
+        engine.append(f"model = {q(_path_in_suite(s.model, s.directory))}")
+    if s.url is None:
+        engine += ['dtype = "float32"           # exact and fast on any CPU; on a GPU, "auto" (the checkpoint\'s dtype)',
+                   "max_model_len = 2048         # raise it for longer prompts",
+                   "enforce_eager = true         # starts in seconds; CUDA graphs are a condition of their own",
+                   "seed = 0",
+                   "batch_invariant = true       # requested; in force where vLLM supports it (CUDA/ROCm/XPU)"]
+    if s.engine_extra.strip():
+        engine.append(s.engine_extra.strip())
+    lm_eval = ""
+    if s.tasks:
+        lm_eval = ("\n[lm_eval]                    # lm-eval tasks run as requests too (docs/suite.md)\n"
+                   f"tasks = [{', '.join(q(t) for t in s.tasks)}]\n"
+                   "limit = 20                   # documents per task: raise it once the gate is green\n")
+    schedule = (f'preset = "{ROTATING}"          # one crowded pass and a rotating sample alone (docs/cost.md)\n'
+                "rotation = 8\n" if s.preset == ROTATING else "shuffles = 0\n")
+    return f"""\
+# evalgate suite written by `evalgate init` (format: docs/suite.md)
+[suite]
+name = {q(s.suite_name)}
+database = {q(s.database)}   # relative to this file; commit the SQLite file, or use PostgreSQL
+code_paths = [{q(prompts)}]
+
+[engine]
+{chr(10).join(engine)}
+
+[sampling]
+temperature = 0.0
+max_tokens = 32
+logprobs = 5
+
+[prompts]
+file = {q(prompts)}
+{lm_eval}
+[schedule]
+concurrency = [1, 8]         # alone, then crowded: what batch variance is measured between
+{schedule}hot_pass = false              # short prompts fit in one prefix-cache block: a hot pass would repeat a cold one
+
+[gate]
+fail_on = {q(s.fail_on)}               # bits: any difference fails; tokens: logprob-bit drift is reported, token flips fail
+"""
+
+
+def workflow_text(s: Scaffold) -> str:
+    model_cache = (f"\n          model-cache-path: {_path_in_suite(s.model, s.directory)}   # the model must be on the runner"
+                   if s.model is not None else "")
+    return f"""\
+# written by `evalgate init`: the gate on every pull request and on main (docs/ci.md)
+name: evalgate
+on:
+  pull_request:
+  push:
+    branches: [main]
+permissions:
+  contents: read
+  pull-requests: write   # the one PR comment evalgate keeps up to date (fork PRs: the job summary instead)
+jobs:
+  evalgate:
+    runs-on: ubuntu-latest   # a CPU runner (extra: cpu); on a GPU runner use extra: gpu
+    steps:
+      - uses: actions/checkout@v4
+      - uses: {s.action}
+        with:
+          suite: {SUITE_FILE}
+          extra: cpu
+          fail-on: {s.fail_on}{model_cache}
+"""
+
+
+def scaffold_files(s: Scaffold) -> dict[str, str]:
+    """The files `init` writes, by path relative to the directory."""
+    files = {SUITE_FILE: suite_text(s), WORKFLOW_FILE: workflow_text(s)}
+    if s.prompts is None:
+        files[PROMPTS_FILE] = "".join(json.dumps(line) + "\n" for line in example_prompts(s.chat))
+    return files
+
+
+def write_scaffold(scaffold: Scaffold) -> list[Path]:
+    """Write the scaffold, all of it or nothing: a file that exists is never overwritten (the refusal names
+    it), and a suite that does not load is removed with everything written beside it. Returns the paths."""
+    from .configuration.suite import load_suite
+
+    scaffold = validate(scaffold)
+    files = {scaffold.directory / name: text for name, text in scaffold_files(scaffold).items()}
+    existing = [path for path in files if path.exists()]
+    if existing:
+        raise ConfigError(f"{existing[0]} exists: `evalgate init` never overwrites a file",
+                          fix="remove it, or run init in another directory (--dir)")
+    written: list[Path] = []
+    made = [d for d in (scaffold.directory, scaffold.directory / ".github", scaffold.directory / ".github" / "workflows",
+                        scaffold.directory / BASELINES_DIR) if not d.exists()]
+    try:
+        for directory in made:
+            directory.mkdir()
+        for path, text in files.items():
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+        load_suite(scaffold.directory / SUITE_FILE)
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        for directory in reversed(made):
+            if directory.exists() and not any(directory.iterdir()):
+                directory.rmdir()
+        raise
+    return [*written, scaffold.directory / BASELINES_DIR]
