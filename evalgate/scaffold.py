@@ -106,6 +106,22 @@ def has_chat_template(model: Path) -> bool:
     return bool(config.get("chat_template"))
 
 
+MAX_MODEL_LEN = 2048  # enough for the examples and a few-shot task; small enough for a CPU's KV cache
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def model_max_len(model: Path) -> int:
+    """The suite's max_model_len: MAX_MODEL_LEN, or less where the model's config allows less (vLLM refuses
+    a longer one)."""
+    try:
+        config = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return MAX_MODEL_LEN
+    limits = [value for table in (config, config.get("text_config") or {}) for key in LENGTH_KEYS
+              if isinstance(value := table.get(key), (int, float)) and value > 0]
+    return int(min([MAX_MODEL_LEN, *limits]))
+
+
 def _path_in_suite(path: Path, directory: Path) -> str:
     """A path as the suite file gives it: relative to the suite's directory when it lies beside it."""
     path, directory = path.resolve(), directory.resolve()
@@ -129,8 +145,9 @@ def suite_text(s: Scaffold) -> str:
     if s.model is not None:
         engine.append(f"model = {q(_path_in_suite(s.model, s.directory))}")
     if s.url is None:
+        length = model_max_len(s.model) if s.model else MAX_MODEL_LEN
         engine += ['dtype = "float32"           # exact and fast on any CPU; on a GPU, "auto" (the checkpoint\'s dtype)',
-                   "max_model_len = 2048         # raise it for longer prompts",
+                   f"max_model_len = {length:<14}# raise it for longer prompts (up to the model's)",
                    "enforce_eager = true         # starts in seconds; CUDA graphs are a condition of their own",
                    "seed = 0",
                    "batch_invariant = true       # requested; in force where vLLM supports it (CUDA/ROCm/XPU)"]

@@ -79,6 +79,9 @@ def show_survey(report, suite) -> list[str]:
             console.print(escape("removed by, in [engine]: " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in args.items())
                                  + f" ({', '.join(words(f) for f in failing if f not in unremedied(failing))}); "
                                  "`evalgate cost` prices it"), soft_wrap=True)
+        if not flips and report.policy.fail_on == "bits":
+            console.print('or, keeping the speed: [gate] fail_on = "tokens" (these differ in logprob bits only: it '
+                          "reports them as drift and fails token flips)", soft_wrap=True, markup=False)
         for factor in unremedied(failing):
             console.print(escape(f"{words(factor)}: no engine setting removes it here (see docs/conditions.md)"))
     console.print(f"survey run {report.run_id} is stored (`evalgate report {report.run_id} --suite {suite.path} --html out.html`); "

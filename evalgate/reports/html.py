@@ -39,6 +39,7 @@ from .explain import (
     token_label,
     why,
 )
+from .history_strip import HISTORY_RUNS, HistoryStrip, history_strip
 
 if TYPE_CHECKING:
     from ..store import Run
@@ -192,11 +193,13 @@ def _template():
     return environment.get_template("report.html.j2")
 
 
-def render_html(run: Run, report: Report | None, diffs: list[RequestDiff] = ()) -> str:
-    """The page of a run (its row), its stored report (None: never judged) and its differing requests' sides."""
+def render_html(run: Run, report: Report | None, diffs: list[RequestDiff] = (),
+                history: HistoryStrip | None = None) -> str:
+    """The page of a run (its row), its stored report (None: never judged), its differing requests' sides
+    and the suite's recent runs on its hardware class (`history`)."""
     sections = report.sections() if report is not None else {}
     return _template().render(run=run, status=display_status(run), report=report, sections=sections,
-                              page=page_context(run, report, sections, list(diffs)),
+                              page=page_context(run, report, sections, list(diffs)), history=history,
                               css=(TEMPLATES / "report.css").read_text(), csp=CSP)
 
 
@@ -254,5 +257,9 @@ def request_diffs(store, run_id: int, report: Report | None) -> list[RequestDiff
 
 
 def build_html(store, run_id: int, report: Report | None) -> str:
-    """The page of a stored run and its stored report (gate.stored_report)."""
-    return render_html(store.get_run(run_id), report, request_diffs(store, run_id, report))
+    """The page of a stored run and its stored report (gate.stored_report), with the history strip."""
+    from ..store.listing import history_rows
+
+    run = store.get_run(run_id)
+    rows = history_rows(store.url, run.suite_name, limit=4 * HISTORY_RUNS)  # other classes' runs are left out
+    return render_html(run, report, request_diffs(store, run_id, report), history_strip(rows, run_id, run.hardware_class))

@@ -4,6 +4,7 @@ with each run: a passing baseline and check, an explained change after a weight 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 from helpers import GREEN_PROMPTS, bare_model, database_url, write_suite
@@ -45,3 +46,13 @@ def test_history_shows_each_runs_verdict_changes_and_metrics(inline_cli, tmp_pat
     # by name, with the database named
     by_name = json.loads(inline_cli("runs", "history", "test", "--db", database_url(suite), "--json", check=0).stdout)
     assert by_name == rows and json.loads(inline_cli("runs", "history", suite, "--json", "--limit", "1").stdout) == rows[:1]
+    # the HTML report's history strip: the same runs, oldest first, the shown run outlined, the metric's line
+    page = tmp_path / "report.html"
+    inline_cli("report", "--latest", "--suite", suite, "--html", page, check=0)
+    html = page.read_text(encoding="utf-8")
+    strip = html[html.index('<svg class="history"'):html.index("</svg>")]
+    titles = re.findall(r"<rect [^>]*><title>run (\d+) \((\w+)[^)]*\): (\w+)", strip)
+    assert [(int(run), kind, verdict) for run, kind, verdict in titles] == [(r["run"], r["kind"], r["verdict"]) for r in rows[::-1]]
+    assert strip.count('stroke="#000"') == 1 and re.search(rf'stroke="#000"[^>]*><title>run {rows[0]["run"]} ', strip)
+    assert "t acc,none" in strip and strip.count("<circle") == 1  # one run's stored report has the metric
+    assert "<script" not in html

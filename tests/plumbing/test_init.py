@@ -30,6 +30,8 @@ def test_init_then_baseline_then_check_pass(inline_cli, tmp_path, fake_model):
         assert (proj / name).is_file() and f"wrote {proj / name}" in out
     assert (proj / "baselines").is_dir()
     assert "nothing varies here that the gate fails on" in out and "max_num_seqs" not in (proj / "evalgate.toml").read_text()
+    # off a terminal a long line is never wrapped (CI logs)
+    assert any(line.startswith("next: evalgate baseline create") and line.endswith("(docs/ci.md)") for line in out.splitlines())
     suite = tomllib.loads((proj / "evalgate.toml").read_text())
     assert suite["suite"]["database"] == "sqlite:///baselines/evalgate.sqlite" and suite["gate"]["fail_on"] == "bits"
     prompts = [json.loads(line) for line in (proj / "prompts.jsonl").read_text().splitlines()]

@@ -112,3 +112,74 @@ def test_action_installs_its_own_checkout_unless_a_package_is_named(tmp_path, pa
     subprocess.run(["bash", "-c", script], env=env, check=True)
     argv = (tmp_path / "argv").read_text().split("\n")
     assert argv[:3] == ["-m", "pip", "install"] and argv[-2] == expected.format(action=ROOT)
+
+
+def _run_block(name: str, tmp_path, env: dict[str, str], exit_code: int = 0) -> list[list[str]]:
+    """Run one of the action's `run:` blocks for real, with stand-in `python` and `evalgate` that record each
+    call's arguments (and exit `exit_code`); returns the calls."""
+    script = dict(_action_run_blocks())[name]
+    calls = tmp_path / "calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for tool in ("python", "evalgate"):
+        stub = bin_dir / tool
+        stub.write_text(f'#!/bin/sh\n{{ echo {tool}; printf "%s\\n" "$@"; echo --; }} >> {calls}\nexit {exit_code}\n')
+        stub.chmod(0o755)
+    full = {"PATH": f"{bin_dir}:/usr/bin:/bin", "GITHUB_OUTPUT": str(tmp_path / "output"), **env}
+    proc = subprocess.run(["bash", "-c", script], env=full, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if not calls.exists():
+        return []
+    return [block.strip("\n").split("\n") for block in calls.read_text().split("--\n") if block.strip()]
+
+
+def test_the_cpu_extra_names_pytorchs_cpu_index_and_removes_the_cuda_wheels(tmp_path):
+    calls = _run_block("Install evalgate", tmp_path, {"GITHUB_ACTION_PATH": str(ROOT), "EVALGATE_PACKAGE": "",
+                                                      "EVALGATE_EXTRA": "cpu", "EVALGATE_PIP_ARGS": ""})
+    install, uninstall = calls
+    assert install[:4] == ["python", "-m", "pip", "install"] and install[-1] == f"{ROOT}[cpu]"
+    assert "--extra-index-url" in install and "https://download.pytorch.org/whl/cpu" in install
+    assert uninstall[:4] == ["python", "-m", "pip", "uninstall"] and {"torchvision", "triton"} <= set(uninstall)
+    # an index the user names wins; gpu adds none and removes nothing
+    (tmp_path / "calls").unlink()
+    calls = _run_block("Install evalgate", tmp_path, {"GITHUB_ACTION_PATH": str(ROOT), "EVALGATE_PACKAGE": "",
+                                                      "EVALGATE_EXTRA": "cpu", "EVALGATE_PIP_ARGS": "--index-url http://mirror/simple"})
+    assert "https://download.pytorch.org/whl/cpu" not in calls[0] and "http://mirror/simple" in calls[0]
+    (tmp_path / "calls").unlink()
+    calls = _run_block("Install evalgate", tmp_path, {"GITHUB_ACTION_PATH": str(ROOT), "EVALGATE_PACKAGE": "",
+                                                      "EVALGATE_EXTRA": "gpu", "EVALGATE_PIP_ARGS": ""})
+    assert len(calls) == 1 and "--extra-index-url" not in calls[0]
+
+
+CHECK_ENV = {"EVALGATE_SUITE": "evalgate.toml", "EVALGATE_DATABASE": "", "EVALGATE_STRICT": "true", "EVALGATE_OUT": "out",
+             "EVALGATE_COMMAND": "check", "EVALGATE_FAIL_ON": "", "EVALGATE_SHARD": "", "EVALGATE_GROUP": "77"}
+
+
+@pytest.mark.parametrize("inputs, expected", [
+    ({}, ["check", "evalgate.toml", "--json-report", "out/report.json", "--junit", "out/junit.xml", "--strict"]),
+    ({"EVALGATE_COMMAND": "baseline-create", "EVALGATE_FAIL_ON": "tokens", "EVALGATE_SHARD": "2/4"},
+     ["baseline", "create", "evalgate.toml", "--json-report", "out/report.json", "--junit", "out/junit.xml",
+      "--fail-on", "tokens", "--shard", "2/4", "--group", "77"]),
+])
+def test_the_check_step_runs_the_chosen_command_with_its_inputs(tmp_path, monkeypatch, inputs, expected):
+    monkeypatch.chdir(tmp_path)
+    (call,) = _run_block("evalgate check", tmp_path, {**CHECK_ENV, **inputs}, exit_code=1)
+    assert call == ["evalgate", *expected]
+    assert "exit-code=1" in (tmp_path / "output").read_text()  # the step itself passed; the code is kept
+
+
+def test_an_unknown_command_input_is_exit_2(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _run_block("evalgate check", tmp_path, {**CHECK_ENV, "EVALGATE_COMMAND": "deploy"}) == []
+    assert "exit-code=2" in (tmp_path / "output").read_text()
+
+
+def test_the_pr_comment_step_never_fails_the_job(tmp_path):
+    steps = _load_action()["runs"]["steps"]
+    step = next(s for s in steps if s.get("name") == "PR comment")
+    assert "always()" in step["if"] and "pull_request" in step["if"]
+    env = {"EVALGATE_SUITE": "evalgate.toml", "EVALGATE_DATABASE": "", "EVALGATE_OUT": "out",
+           "EVALGATE_ARTIFACT": "evalgate-report", "GITHUB_TOKEN": "t"}
+    (call,) = _run_block("PR comment", tmp_path, env, exit_code=3)
+    assert call == ["evalgate", "pr-comment", "--latest", "--suite", "evalgate.toml", "--body-file", "out/comment.md",
+                    "--artifact", "evalgate-report"]
