@@ -263,8 +263,8 @@ def _check_database_untracked(git: Git, url: str, good: str, bad: str) -> None:
                or bool(git.out("log", "--format=%h", f"{good}..{bad}", "--", rel)))
     if tracked:
         raise ConfigError(f"the database {path} is tracked by git: checking out other commits would rewrite it",
-                          fix="keep the database out of git (.gitignore it) or pass --db with a path outside "
-                              "the repository")
+                          fix=f"bisect on a copy outside the repository: cp {path} /tmp/evalgate-bisect.sqlite, "
+                              "then add --db /tmp/evalgate-bisect.sqlite (a committed baseline stays as it is)")
 
 
 def _bisect(git: Git, bisection: Bisection, result: CommitsResult, *, rel: str, url: str, setup: str | None,

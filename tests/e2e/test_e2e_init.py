@@ -4,8 +4,10 @@ its passes disagree; the fake-engine tests in tests/plumbing/test_init.py plant 
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from helpers import db_runs, tomllib
+from helpers import db_baselines, db_runs, tomllib
 
 pytestmark = pytest.mark.e2e
 
@@ -23,5 +25,11 @@ def test_init_then_baseline_create_then_check_pass_on_vllm(cli, tmp_path, tiny_m
         assert "nothing varies here that the gate fails on" in out and "max_num_seqs" not in engine
     cli("baseline", "create", suite, check=0, timeout=900)
     cli("check", suite, check=0, timeout=900)
-    kinds = [row[1] for row in db_runs(f"sqlite:///{proj / 'baselines' / 'evalgate.sqlite'}")]
+    db = f"sqlite:///{proj / 'baselines' / 'evalgate.sqlite'}"
+    kinds = [row[1] for row in db_runs(db)]
     assert kinds[0] == "survey" and kinds[-2:] == ["baseline", "check"]
+    # a survey afterwards prints the machine's table and moves no baseline
+    before = db_baselines(db)
+    out = cli("survey", suite, check=0, timeout=900).stdout
+    assert re.search(r"^batch size 1→8 +batch size +\d+/\d+$", out, re.M) and "it is never a baseline" in out
+    assert db_baselines(db) == before and db_runs(db)[-1][1] == "survey"
