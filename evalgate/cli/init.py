@@ -11,7 +11,8 @@ from typing import Optional
 
 import typer
 
-from .common import console, handled, progress_bar
+from ..errors import EvalgateError
+from .common import console, err_console, handled, progress_bar
 
 
 def is_interactive() -> bool:
@@ -67,7 +68,12 @@ def init(directory: Path = typer.Option(Path("."), "--dir", help="Where to write
         console.print(f"wrote {path}{'/' if path.is_dir() else ''}")
     suite_path = directory / SUITE_FILE
     if survey:
-        check_machine(suite_path, interactive)
+        try:
+            check_machine(suite_path, interactive)
+        except EvalgateError:
+            err_console.print(f"the files are written; the survey of {suite_path} failed (below). Fix it and run "
+                              f"`evalgate survey {suite_path}`.")
+            raise
     else:
         console.print(f"not surveyed: `evalgate survey {suite_path}` shows what varies here before a baseline")
     console.print(f"next: evalgate baseline create {suite_path}   then   evalgate check {suite_path}; commit the "
