@@ -12,6 +12,9 @@ The library's front door; the `evalgate` command wraps the same functions:
     diff = evalgate.compare_runs(store, 3, 7)         # judge run 7 against run 3
     found = evalgate.fuzz("evalgate.toml", budget=600)  # traffic that changes an output, shrunk (FuzzResult)
 
+    from evalgate.survey import survey, machine_table  # what varies here (a run that is never a baseline)
+    from evalgate.scaffold import Scaffold, write_scaffold  # `evalgate init`'s files
+
 Names are imported when first used, so `import evalgate` (and `evalgate --help`) stays light.
 """
 

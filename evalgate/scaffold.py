@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import __version__
@@ -59,7 +59,7 @@ class Scaffold:
     name: str | None = None
     action: str = ACTION
     engine_extra: str = ""  # more [engine] lines (the tests' fake engine)
-    chat: bool = field(default=False)  # whether the model has a chat template (the examples include chats)
+    chat: bool = False  # whether the model has a chat template (the examples then include chats; `validate` sets it)
 
     @property
     def suite_name(self) -> str:
@@ -92,7 +92,7 @@ def validate(scaffold: Scaffold) -> Scaffold:
         raise ConfigError(f"--tasks: {bad[0]!r} is not an lm-eval task name", fix="comma-separated names, e.g. --tasks arc_easy,hellaswag")
     # a server without a local model directory gets plain examples only: its chat template is unknown here
     chat = scaffold.model is not None and has_chat_template(scaffold.model)
-    return Scaffold(**{**scaffold.__dict__, "chat": chat})
+    return replace(scaffold, chat=chat)
 
 
 def has_chat_template(model: Path) -> bool:

@@ -134,5 +134,8 @@ def test_ci_reports_after_a_weight_swap(cli_env, tmp_path, tiny_model):
     # the divergent token highlighted on both sides of every differing request (or the end of a shorter output)
     assert len(re.findall(r'<span class="tok (?:end )?first-divergence" title="position \d+', dom)) == 2 * n
     assert "evalgate report: suite test, run 2" in dom
+    # the history strip, parsed by the browser as SVG: runs 1 (baseline) and 2 (this one, outlined)
+    strip = dom[dom.index('<svg class="history"'):dom.index("</svg>")]
+    assert re.findall(r"<title>run (\d+) ", strip) == ["1", "2"] and strip.count('stroke="#000"') == 1
     assert console_lines(shown.stderr + dumped.stderr) == []
     assert page_requests(netlog) == []
