@@ -79,8 +79,7 @@ def validate(scaffold: Scaffold) -> Scaffold:
         if not re.match(r"^https?://[^/\s]+", scaffold.url):
             raise ConfigError(f"--url: {scaffold.url!r} is not an http(s) URL", fix="e.g. --url http://127.0.0.1:8000")
         if not scaffold.served_model:
-            raise ConfigError("--url needs --served-model: the model name the server serves (GET /v1/models lists it)",
-                              fix="e.g. --served-model my-model")
+            scaffold = replace(scaffold, served_model=served_model(scaffold.url))
     if scaffold.fail_on not in FAIL_ON:
         raise ConfigError(f"--fail-on: {scaffold.fail_on!r} is not a gate level", fix=f"one of {', '.join(FAIL_ON)}")
     if scaffold.preset not in PRESETS:
@@ -93,6 +92,24 @@ def validate(scaffold: Scaffold) -> Scaffold:
     # a server without a local model directory gets plain examples only: its chat template is unknown here
     chat = scaffold.model is not None and has_chat_template(scaffold.model)
     return replace(scaffold, chat=chat)
+
+
+def served_model(url: str) -> str:
+    """The one model a server serves (GET /v1/models), for `--url` without `--served-model`."""
+    import urllib.request
+
+    listing = f"{url.rstrip('/').removesuffix('/v1')}/v1/models"
+    try:
+        with urllib.request.urlopen(listing, timeout=10) as response:
+            models = [m.get("id") for m in json.loads(response.read()).get("data") or [] if isinstance(m, dict)]
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"--url: could not list the models of {listing} ({exc})",
+                          fix="start the server, or name its model with --served-model") from None
+    if len(models) != 1:
+        raise ConfigError(f"--url: {listing} serves {len(models)} models ({', '.join(map(str, models)) or 'none'}): "
+                          "which one is meant is --served-model's to say",
+                          fix="e.g. --served-model " + (models[0] if models else "my-model"))
+    return models[0]
 
 
 def has_chat_template(model: Path) -> bool:

@@ -31,7 +31,8 @@ def _ask(value, question: str, default, interactive: bool):
 def init(directory: Path = typer.Option(Path("."), "--dir", help="Where to write the project's files"),
          model: Optional[Path] = typer.Option(None, "--model", help="A local Hugging Face model directory (the vllm kind)"),
          url: Optional[str] = typer.Option(None, "--url", help="An OpenAI-compatible vLLM server instead (the openai kind)"),
-         served_model: Optional[str] = typer.Option(None, "--served-model", help="With --url: the model name it serves"),
+         served_model: Optional[str] = typer.Option(None, "--served-model", help="With --url: the model name it serves "
+                                                    "(default: the one GET /v1/models lists)"),
          tasks: Optional[str] = typer.Option(None, "--tasks", help="lm-eval tasks to run as requests too, comma-separated"),
          prompts: Optional[Path] = typer.Option(None, "--prompts", help="Your prompts file (JSONL, docs/suite.md) "
                                                 "instead of the examples"),
@@ -55,8 +56,6 @@ def init(directory: Path = typer.Option(Path("."), "--dir", help="Where to write
     if model is None and url is None and interactive:
         answer = typer.prompt("model directory (or an http(s) URL of a vLLM server)")
         url, model = (answer, None) if answer.startswith(("http://", "https://")) else (None, Path(answer))
-    if url is not None and served_model is None and interactive:
-        served_model = typer.prompt("the model name the server serves")
     if tasks is None and interactive:
         tasks = typer.prompt("lm-eval tasks, comma-separated (empty: none)", default="", show_default=False)
     scaffold = Scaffold(directory=directory, model=model, url=url, served_model=served_model,

@@ -132,3 +132,36 @@ def test_the_workflow_pins_this_versions_action_and_uses_only_its_inputs(inline_
     action = yaml.safe_load((init_command.Path(__file__).resolve().parents[2] / "action.yml").read_text())
     assert set(gate["with"]) <= set(action["inputs"]), set(gate["with"]) - set(action["inputs"])
     assert workflow["permissions"]["pull-requests"] == "write"
+
+
+def test_a_server_without_served_model_is_asked_for_its_one_model(inline_cli, tmp_path):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    served = {"data": [{"id": "my-model", "object": "model"}]}
+
+    class Models(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            data = json.dumps(served if self.path == "/v1/models" else {}).encode()
+            self.send_response(200 if self.path == "/v1/models" else 404)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        inline_cli("init", "--dir", tmp_path / "one", "--url", url + "/v1", "--no-survey", check=0)
+        engine = tomllib.loads((tmp_path / "one" / "evalgate.toml").read_text())["engine"]
+        assert engine == {"kind": "openai", "base_url": url + "/v1", "served_model": "my-model"}
+        served["data"].append({"id": "other"})
+        proc = inline_cli("init", "--dir", tmp_path / "two", "--url", url, "--no-survey", check=2)
+        assert "serves 2 models (my-model, other)" in proc.stderr and "--served-model" in proc.stderr
+        assert not (tmp_path / "two").exists()
+    finally:
+        server.shutdown()
+        server.server_close()
