@@ -92,6 +92,11 @@ def unremedied(factors: list[str]) -> list[str]:
     return [f for f in factors if f not in ENGINE_REMEDIES]
 
 
+def setting_lines(args: dict) -> list[str]:
+    """Engine settings as the suite file writes them (`max_num_seqs = 1`): what is written is what is shown."""
+    return [f"{key} = {json.dumps(value)}" for key, value in args.items()]
+
+
 def write_engine_args(suite_path: Path, args: dict, why: str) -> None:
     """Add settings to the [engine] table of a suite file evalgate wrote itself (the demo's or `init`'s
     scaffold, whose [engine] is followed by [sampling]), with a comment saying why."""
@@ -99,7 +104,7 @@ def write_engine_args(suite_path: Path, args: dict, why: str) -> None:
     marker = "\n[sampling]"
     if marker not in text:
         raise ValueError(f"{suite_path} has no [sampling] table after [engine]: not a file evalgate wrote")
-    lines = "".join(f"{key} = {json.dumps(value)}\n" for key, value in args.items())
+    lines = "".join(line + "\n" for line in setting_lines(args))
     suite_path.write_text(text.replace(marker, f"\n# {why}\n{lines}{marker}", 1), encoding="utf-8")
 
 
@@ -120,8 +125,9 @@ def token_flips(store, report: Report, limit: int = 5) -> list[TokenFlip]:
     flipped = [v for v in report.verdicts if v.verdict == "batch_variance" and not v.bits_only and v.divergence][:limit]
     if not flipped:
         return []
-    outputs = store.load(report.run_id).outputs
-    found = []
+    record = store.load(report.run_id)
+    record.prefetch([v.key for v in flipped])  # one query for the flips, not one per request
+    outputs, found = record.outputs, []
     for v in flipped:
         text = {c.pass_index: c.text for c in outputs.get(v.key, [])}
         p = v.passes

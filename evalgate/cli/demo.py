@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -22,7 +21,7 @@ def demo(directory: Path = typer.Option(Path("evalgate-demo"), "--dir", help="Wo
     from ..models.demo import PERTURBATION, PERTURBED_TENSOR, crowded_tokens_per_second, perturb, write_workspace
     from ..reports.terminal import render_report
     from ..store import open_store
-    from ..survey import failing_factors, remedy_args, write_engine_args
+    from ..survey import failing_factors, remedy_args, setting_lines, write_engine_args
     from ..survey import survey as run_survey
     from .survey import show_survey
 
@@ -47,7 +46,7 @@ def demo(directory: Path = typer.Option(Path("evalgate-demo"), "--dir", help="Wo
     if failing:  # this machine varies: the finding is the lesson, then the setting that removes it
         args = remedy_args(failing)
         write_engine_args(suite_path, args, "chosen by `evalgate demo`: the passes disagreed on this machine without it")
-        console.print(f"written into {suite_path}: {', '.join(f'{k} = {json.dumps(v)}' for k, v in args.items())}")
+        console.print(f"written into {suite_path}: {', '.join(setting_lines(args))}")
         suite = load_suite(suite_path)
     created = step("3. evalgate baseline create", gate.create_baseline, allow_variance=bool(failing))
     if failing:

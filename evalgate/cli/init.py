@@ -4,7 +4,6 @@ and, where its passes disagree, write the setting that removes it (the demo's re
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -83,33 +82,33 @@ def check_machine(suite_path: Path, interactive: bool) -> None:
     """Survey the new suite; where the gate would fail its passes, write the remedy into the suite (asked on a
     terminal) and survey again to verify it."""
     from ..configuration.suite import load_suite
-    from ..survey import remedy_args, survey, write_engine_args
+    from ..survey import remedy_args, setting_lines, survey, write_engine_args
     from .survey import show_survey
 
-    def surveyed(title: str):
+    def surveyed(title: str) -> list[str]:
+        """Survey the suite as it is on disk; the factors whose differences the gate fails."""
         console.rule(title)
         suite = load_suite(suite_path)
         progress, update = progress_bar()
         with progress:
             report = survey(suite, progress=update)
-        return report, show_survey(report, suite)
+        return show_survey(report, suite)
 
-    _, failing = surveyed("evalgate survey: what varies on this machine")
-    args = remedy_args(failing)
+    failing = surveyed("evalgate survey: what varies on this machine")
     if not failing:
         return
+    args = remedy_args(failing)
     if not args:
         console.print("[yellow]no engine setting removes this here[/]: `evalgate baseline create` will not promote "
                       "the run; see docs/conditions.md (fail_on = \"tokens\" passes logprob-bit drift)", soft_wrap=True)
         return
-    settings = ", ".join(f"{k} = {json.dumps(v)}" for k, v in args.items())
+    settings = ", ".join(setting_lines(args))
     if interactive and not typer.confirm(f"write {settings} into {suite_path} [engine]?", default=True):
         console.print("not written: `evalgate baseline create` will refuse to promote a run whose passes disagree")
         return
     write_engine_args(suite_path, args, "chosen by `evalgate init`: the passes disagreed on this machine without it")
     console.print(f"written into {suite_path}: {settings}")
-    _, still = surveyed("evalgate survey again, with the setting")
-    if still:
+    if surveyed("evalgate survey again, with the setting"):
         console.print("[yellow]the passes still disagree[/]: see docs/conditions.md for what removes it here", soft_wrap=True)
     else:
         console.print("[green]verified: the passes agree[/]; the suite passes `evalgate baseline create` as written")

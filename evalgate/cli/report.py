@@ -93,7 +93,6 @@ def pr_comment(run_id: Optional[int] = typer.Argument(None, help="The run to com
         posted = post_or_update(pr, token, body)
     except CannotComment as exc:
         err_console.print(f"[yellow]warning:[/] no PR comment: {exc}; noted in the job summary instead")
-        if github.on_github():
-            github.append_summary(fallback_note(str(exc)))
+        github.append_summary(fallback_note(str(exc)))  # nothing off GitHub Actions (no $GITHUB_STEP_SUMMARY)
         return
     console.print(f"{posted.action} the PR comment {posted.url or posted.comment_id}")

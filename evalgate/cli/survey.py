@@ -46,7 +46,7 @@ def show_survey(report, suite) -> list[str]:
     from ..judgement.factors import words
     from ..reports.explain import margin_text
     from ..store import open_store
-    from ..survey import failing_factors, how_they_differ, machine_table, remedy_args, token_flips, unremedied
+    from ..survey import failing_factors, how_they_differ, machine_table, remedy_args, setting_lines, token_flips, unremedied
 
     inv = report.batch_invariance or {}
     console.print(f"machine: {report.hardware_label or 'unknown'}; batch-invariant kernels "
@@ -76,7 +76,7 @@ def show_survey(report, suite) -> list[str]:
     else:
         args = remedy_args(failing)
         if args:
-            console.print(escape("removed by, in [engine]: " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in args.items())
+            console.print(escape("removed by, in [engine]: " + ", ".join(setting_lines(args))
                                  + f" ({', '.join(words(f) for f in failing if f not in unremedied(failing))}); "
                                  "`evalgate cost` prices it"), soft_wrap=True)
         if not flips and report.policy.fail_on == "bits":
