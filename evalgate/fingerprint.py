@@ -21,8 +21,9 @@ from typing import Any
 
 from .hashing import digest
 
-COMPONENTS = ("model", "tokenizer", "engine", "code", "suite", "hardware", "env")
-# Components that describe the serving stack as a whole; `suite` is judged per request instead.
+COMPONENTS = ("model", "tokenizer", "engine", "code", "suite", "prompt", "hardware", "env")
+# Components that describe the serving stack as a whole; `suite` and `prompt` are judged per request instead
+# (a request's hash; the prompt ids the engine was given).
 STACK_COMPONENTS = ("model", "tokenizer", "engine", "code", "hardware", "env")
 
 TOKENIZER_FILES = {
@@ -306,6 +307,24 @@ def env_snapshot(environ: dict[str, str] | None = None) -> dict[str, str]:
     return dict(sorted(snapshot.items()))
 
 
+# The libraries that render chat templates and tokenize prompts in evalgate's process (every kind: lm-eval's
+# requests and pinned chats are rendered here): an upgrade that renders or tokenizes differently is named.
+RENDERERS = ("transformers", "tokenizers", "jinja2")
+
+
+def renderer_versions() -> dict[str, str | None]:
+    """The installed versions of `RENDERERS` (None: not installed), read without importing them."""
+    from importlib import metadata
+
+    versions: dict[str, str | None] = {}
+    for name in RENDERERS:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
 def build_fingerprint(suite, engine) -> dict[str, dict]:
     """All components for a run of `suite` on a loaded `engine`."""
     # An engine without a local model directory (a remote server) describes its model and tokenizer itself.
@@ -313,9 +332,11 @@ def build_fingerprint(suite, engine) -> dict[str, dict]:
     return {
         "model": own.get("model") or model_component(suite.model),
         "tokenizer": own.get("tokenizer") or tokenizer_component(suite.tokenizer or suite.model),
-        "engine": component(engine.identity()),
+        "engine": component({**engine.identity(), "renderers": renderer_versions()}),
         "code": code_component(suite.code_paths, suite.root),
         "suite": component(suite.identity()),
+        # the date the chat templates were rendered with, when one read it (configuration/template_date.py)
+        "prompt": component(engine.template_clock.identity()),
         "hardware": hardware_component(),
         "env": component(engine.launch_env),
     }

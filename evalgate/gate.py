@@ -7,7 +7,7 @@ the database, judges the stored outputs and finishes the run.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .collector import collector_paused
@@ -15,6 +15,7 @@ from .configuration.policy import GatePolicy
 from .configuration.schedule import ROTATING, Schedule, rotating_problem, with_overrides
 from .configuration.shard import Shard
 from .configuration.suite import Suite
+from .configuration.template_date import recorded_template_date, resolve_template_date
 from .errors import ConfigError, EngineError, NoBaselineError
 from .execution.request import Progress, RunRequest, Timings
 from .execution.rescore import Rescore
@@ -175,10 +176,17 @@ def create_baseline(suite: Suite, store: Store | str | None = None, *, schedule:
     With `shard`, only that shard runs and nothing is promoted until `merge` joins the group's shards."""
     url = suite_database(suite, store)
     existing_store(url)
+    suite = dated(suite)  # the calendar a chat template reads: today's, unless the suite names a date
     request = RunRequest(suite, url, "baseline", schedule or suite.schedule, shard=shard,
                          labels={"shard_group": _group(shard, group)}, show_engine_output=show_engine_output,
                          rescore=Rescore(own=True))  # a baseline rescores its own tokens: what lets it judge another class
     return execute_and_judge(request, Judging("baseline", allow_variance=allow_variance, shard=shard), progress, timings)
+
+
+def dated(suite: Suite, recorded: str | None = None) -> Suite:
+    """The suite with the date its chat templates render with resolved (configuration/template_date.py):
+    the suite's own, else the one a baseline recorded (`recorded`), else today's."""
+    return replace(suite, template_date=resolve_template_date(suite.template_date, recorded))
 
 
 def _group(shard: Shard | None, group: str | None) -> str | None:
@@ -257,7 +265,9 @@ def check(suite: Suite, store: Store | str | None = None, *, schedule: Schedule 
     every difference classified (judgement/hardware.py); the check then also rescores the baseline's tokens
     and its own. `adopt`: such a check with no confident flip becomes this class's baseline."""
     url = suite_database(suite, store)
-    choice = find_baseline(suite, existing_store(url), url, against)
+    found = existing_store(url)
+    choice = find_baseline(suite, found, url, against)
+    suite = dated(suite, recorded_template_date(found.fingerprint_of(choice.run_id)))  # the baseline's calendar
     request = RunRequest(suite, url, "check", schedule or suite.schedule, shard=shard,
                          labels={"shard_group": _group(shard, group)}, show_engine_output=show_engine_output,
                          rescore=Rescore(own=True, of_run=choice.run_id) if choice.cross else None)

@@ -34,6 +34,7 @@ from .load import parse_load
 from .policy import FAIL_ON, GatePolicy, parse_gate_table
 from .prompts import SCORING_TYPES, Prompt, load_prompts
 from .schedule import FULL, PRESETS, ROTATING, Schedule, rotating_problem
+from .template_date import AUTO, parse_template_date
 
 # Keys of [engine] that evalgate itself reads for every kind (each kind adds its own).
 ENGINE_OWN_KEYS = COMMON_KEYS
@@ -52,7 +53,7 @@ SAMPLING_KEYS = {
     "ignore_eos": bool,
 }
 TOP_TABLES = ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "cost", "load", "gate", "probes")
-SUITE_KEYS = {"name", "database", "code_paths"}
+SUITE_KEYS = {"name", "database", "code_paths", "template_date"}
 PROMPTS_TABLE_KEYS = {"file"}
 SCHEDULE_KEYS = {"concurrency", "shuffles", "repeats", "seed", "hot_pass", "probes", "preset", "rotation"}
 LM_EVAL_KEYS = {"tasks", "include_path", "limit", "num_fewshot", "fewshot_seed", "bootstrap_iters", "add_bos_token",
@@ -96,6 +97,8 @@ class Suite:
     cost_table: Any = None  # the file's [cost] table, for `evalgate cost` only (evalgate/cost.py parses it)
     gate: GatePolicy = field(default_factory=GatePolicy)  # [gate]: what fails a run (a policy, not identity)
     notes: tuple[str, ...] = ()  # what the file still says the old way, and where it moved (the CLI shows them)
+    # the date chat templates render with (template_date.py): "auto" until a run resolves it, a date, or "wall-clock"
+    template_date: str = AUTO
     root: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -185,6 +188,7 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
         tables[name] = value
 
     name, db_url, code_paths = _suite_table(tables["suite"], path, where, prefix)
+    template_date = parse_template_date(tables["suite"].get("template_date"), where, f"{prefix}suite.template_date")
     sec = f"{prefix}engine."
     kind = typed(tables["engine"], "kind", str, where, sec, default="vllm")
     engine_cls = engine_class(kind)
@@ -217,7 +221,7 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
         batch_invariant=engine.batch_invariant, engine_args=engine.engine_args, sampling=sampling,
         prompts_file=prompts_file, prompts=prompts, schedule=schedule,
         code_paths=code_paths, database=db, lm_eval=lm_eval, server=engine.server, cost_table=data.get("cost"),
-        gate=parse_gate_table(tables["gate"], where, prefix), notes=notes,
+        gate=parse_gate_table(tables["gate"], where, prefix), notes=notes, template_date=template_date,
     )
 
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, MutableMapping
 
 from ..configuration import config
 from ..configuration.prompts import SCORING_TYPES, Prompt
+from ..configuration.template_date import TemplateClock
 from ..errors import ConfigError
 from ..records import Completion
 
@@ -88,22 +90,35 @@ class Engine:
         """Token ids of a plain prompt, as the engine will see them."""
         raise NotImplementedError
 
-    def encode_chat(self, prompt: Prompt) -> list[int]:
-        """Token ids of a chat request, as vLLM's chat API renders them: the tokenizer's chat template with
-        the generation prompt (and the request's `chat_template_kwargs`), then tokenized adding no special
-        tokens (the template writes them)."""
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids, special tokens included: what a chat request's prompt was, rendered."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    @cached_property
+    def template_clock(self) -> TemplateClock:
+        """The pinned `strftime_now` every chat render of this engine gets (configuration/template_date.py)."""
+        return TemplateClock(self.suite.template_date)
+
+    def render_chat(self, prompt: Prompt) -> str:
+        """A chat request as text, as vLLM's chat API renders it: the tokenizer's chat template with the
+        generation prompt, the request's `chat_template_kwargs`, and the pinned clock."""
         where = f"prompt {prompt.key!r}"
         if not getattr(self.tokenizer, "chat_template", None):
             raise ConfigError(f"{where}: a `messages` prompt, but the model's tokenizer has no chat template",
                               fix="add the template to the model directory (chat_template.jinja or tokenizer_config.json), "
                                   "or write the prompt as text (`prompt`)")
+        variables = {**(prompt.chat_template_kwargs or {}), **self.template_clock.render_variables(prompt.key)}
         try:
-            text = self.tokenizer.apply_chat_template(prompt.chat(), tokenize=False, add_generation_prompt=True,
-                                                      **(prompt.chat_template_kwargs or {}))
+            return self.tokenizer.apply_chat_template(prompt.chat(), tokenize=False, add_generation_prompt=True,
+                                                      **variables)
         except Exception as exc:  # the template refused the conversation (e.g. a role it does not know)
             raise ConfigError(f"{where}: the chat template refused the messages: {type(exc).__name__}: {exc}",
                               fix="change the messages to what the model's chat template accepts") from None
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_chat(self, prompt: Prompt) -> list[int]:
+        """Token ids of a chat request: `render_chat`, tokenized adding no special tokens (the template
+        writes them), as vLLM's chat API does."""
+        return list(self.tokenizer.encode(self.render_chat(prompt), add_special_tokens=False))
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """A request's prompt ids: a scoring request's are the context of its first window and then every

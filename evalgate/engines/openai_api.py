@@ -289,6 +289,7 @@ class OpenAIEngine(Engine):
                               fix="set `engine.model` (or `engine.tokenizer`) to a local copy of the served model's directory")
         self.launch_env: dict[str, str] = {}  # a remote server's environment is not visible to evalgate
         self._tokenizer = None
+        self.pinned_chats: dict[str, list[int]] = {}  # chats whose template reads the calendar: the pinned ids
         self._texts: dict[int, str] = {}
         key = api_key(suite)
         self.loop = EventLoop()
@@ -410,11 +411,25 @@ class OpenAIEngine(Engine):
         return self.loop.run(self._tokenize({"prompt": text}, config.short(text, 60)))
 
     def encode_chat(self, prompt: Prompt) -> list[int]:
-        """The server's own rendering of the chat (its template), as /v1/chat/completions will run it."""
+        """The ids /v1/chat/completions will run: the server's own rendering of the chat (its template), unless
+        the template is here and reads the calendar. Then the render pinned to the suite's date is what runs:
+        its text tokenized by the server, sent as token ids (`pinned_chats`), since a server's template reads
+        the server's clock and a request cannot pass it a function."""
+        if self.suite.tokenizer or self.suite.model:
+            text = self.render_chat(prompt)
+            if self.template_clock.reads(prompt.key):
+                ids = self.loop.run(self._tokenize({"prompt": text, "add_special_tokens": False},
+                                                   f"the rendered messages of prompt {prompt.key!r}"))
+                self.pinned_chats[prompt.key] = ids
+                return ids
         body: dict[str, Any] = {"messages": prompt.chat(), "add_generation_prompt": True}
         if prompt.chat_template_kwargs:
             body["chat_template_kwargs"] = prompt.chat_template_kwargs
         return self.loop.run(self._tokenize(body, f"the messages of prompt {prompt.key!r}"))
+
+    def decode(self, ids: list[int]) -> str:
+        out = self.loop.run(self.client.call("POST", "/detokenize", {"model": self.served_model, "tokens": list(ids)}))
+        return str(out.get("prompt") or "")
 
     async def _tokenize(self, body: dict, what: str) -> list[int]:
         try:
@@ -489,7 +504,7 @@ class OpenAIEngine(Engine):
             finally:
                 self.client.stats.client_seconds += time.perf_counter() - t0
         body = {**sampling, **salt, "return_tokens_as_token_ids": True}  # top-k keyed by id: texts can collide
-        if prompt.messages is not None and prompt.prompt_ids is None:
+        if prompt.messages is not None and prompt.prompt_ids is None and prompt.key not in self.pinned_chats:
             # the server renders the chat with its own template and returns the ids it ran
             body.update(messages=prompt.chat(), logprobs=True, top_logprobs=k)
             if prompt.chat_template_kwargs:
@@ -497,7 +512,8 @@ class OpenAIEngine(Engine):
             response = await self._completion(body, prompt.key, "/v1/chat/completions")
             parse = _chat_completion
         else:
-            body["prompt"] = list(prompt.prompt_ids) if prompt.prompt_ids is not None else prompt.text
+            ids = prompt.prompt_ids if prompt.prompt_ids is not None else self.pinned_chats.get(prompt.key)
+            body["prompt"] = list(ids) if ids is not None else prompt.text
             response = await self._completion(body, prompt.key)
             parse = _completion
         t0 = time.perf_counter()

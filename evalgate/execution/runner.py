@@ -51,6 +51,13 @@ def tokenize_prompts(suite: Suite, engine: Engine) -> dict[str, list[int]]:
     return prompt_ids
 
 
+def rendered_chats(suite: Suite, engine: Engine, prompt_ids: dict[str, list[int]]) -> dict[str, str]:
+    """Each chat request's prompt as the engine saw it, as text (its ids decoded, special tokens included):
+    stored with the run, so a check can show where a rendered prompt moved."""
+    return {p.key: engine.decode(prompt_ids[p.key]) for p in suite.prompts
+            if p.messages is not None and p.prompt_ids is None}
+
+
 def execute_suite(request: RunRequest, timings: Timings, progress: Progress | None = None,
                   on_run: OnRun | None = None) -> int:
     """Everything a run does in the engine's process, stage by stage: find the suite's lm-eval tasks
@@ -74,7 +81,7 @@ def execute_suite(request: RunRequest, timings: Timings, progress: Progress | No
         from ..lmeval.tasks import TaskRun
 
         with timings.phase("lm_eval"):
-            tasks = TaskRun(prepared, engine.tokenizer, engine.max_model_len, suite.sampling)
+            tasks = TaskRun(prepared, engine.tokenizer, engine.max_model_len, suite.sampling, clock=engine.template_clock)
             suite = tasks.build(suite)
     if request.shard is not None:
         suite = select_shard(suite, request.shard)
@@ -160,7 +167,8 @@ def record_run(request: RunRequest, engine: Engine, timings: Timings, progress: 
             request = replace(request, schedule=replace(request.schedule, turn=rotation_turn(store, suite.name)))
         plan = plan_run(request, engine, prompt_ids, fingerprint)
         record = plan.schedule_record()
-        run_id = store.create_run(suite, request.kind, record, plan.fingerprint, plan.prompt_ids, **request.labels)
+        run_id = store.create_run(suite, request.kind, record, plan.fingerprint, plan.prompt_ids,
+                                  rendered=rendered_chats(suite, engine, prompt_ids), **request.labels)
     if on_run:
         on_run(run_id)
     with incomplete_on_failure(store, run_id):

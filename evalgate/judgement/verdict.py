@@ -3,7 +3,8 @@
 - batch_variance: the passes of this run disagree. Always a failure.
 - silent_regression: differs from the baseline while every identity component is equal. A failure.
 - explained_change: differs from the baseline and some component changed (listed). Not a failure unless
-  strict. `suite` explains a request only when that request's own text or sampling changed.
+  strict. `suite` explains a request only when that request's own text or sampling changed, `prompt` only
+  when the prompt ids the engine was given changed (prompts.py: a template's date, a renderer upgrade).
 - new / missing: the key is only in this run / only in the baseline. Not failures unless strict.
 - stable: every pass identical (ids and logprob bits) and equal to the baseline.
 """
@@ -16,12 +17,14 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..configuration.policy import BITS_ONLY, GatePolicy
 from ..configuration.schedule import HOT, UNKNOWN, Pass, passes_of
+from ..configuration.template_date import recorded_template_date
 from ..errors import ExitCode
 from ..fingerprint import delta as fingerprint_delta
 from ..fingerprint import describe_changes
 from ..store import RunRecord
 from .compare import Comparisons, Divergence, disagreement_of, pass_pairs
 from .factors import comparison_label
+from .prompts import PromptChange, prompt_change, prompts_compared
 
 if TYPE_CHECKING:
     from .hardware import AcrossHardware
@@ -48,6 +51,7 @@ class RequestVerdict:
     flip: str | None = None  # a token flip's class under the policy: near_tie | confident (policy.py)
     # a difference from another hardware class's baseline: drift | near_tie | confident (judgement/hardware.py)
     across: str | None = None
+    prompt: PromptChange | None = None  # where the rendered prompt moved, when `prompt` explains the change
 
     @property
     def bits_only(self) -> bool:
@@ -67,6 +71,7 @@ class RequestVerdict:
             "max_delta": self.max_delta,
             "flip": self.flip,
             "across": self.across,
+            "prompt": self.prompt.to_dict() if self.prompt else None,
         }
 
     @classmethod
@@ -81,7 +86,7 @@ class RequestVerdict:
             # `kinds` since reports were stored; before, only whether the difference was in logprob bits alone
             kinds=frozenset(data["kinds"] if "kinds" in data else ({BITS_ONLY} if data.get("bits_only") else ())),
             max_delta=data.get("max_delta"),
-            flip=data.get("flip"), across=data.get("across"),
+            flip=data.get("flip"), across=data.get("across"), prompt=PromptChange.from_dict(data.get("prompt")),
         )
 
     @property
@@ -150,6 +155,10 @@ class Report:
     classes: list[dict[str, Any]] = field(default_factory=list)
     # stable requests not among `verdicts`: a stored report lists only the requests that differ
     stable: int = 0
+    # against a baseline: of the requests both runs have, how many rendered prompts are equal (prompts.py)
+    prompts: dict[str, int] | None = None
+    # the date chat templates rendered with, when one read the calendar: {"date", "baseline_date"} (None: none did)
+    template_date: dict[str, Any] | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -232,6 +241,8 @@ class Report:
             "fingerprint_changes": self.fingerprint_changes,
             "hardware_class": self.hardware_class,
             "hardware_label": self.hardware_label,
+            "prompts": self.prompts,
+            "template_date": self.template_date,
             "engine_log": self.engine_log,
         }
 
@@ -255,6 +266,7 @@ class Report:
             policy=GatePolicy.from_dict(data.get("gate")), hardware=AcrossHardware.from_dict(hardware) if hardware else None,
             hardware_class=data.get("hardware_class"), hardware_label=data.get("hardware_label"),
             classes=list(data.get("classes") or []), stable=int((data.get("counts") or {}).get("stable", 0)),
+            prompts=data.get("prompts"), template_date=data.get("template_date"),
         )
 
     def sections(self) -> dict[str, dict[str, Any]]:
@@ -267,7 +279,8 @@ class Report:
                     "strict": self.strict, "promoted": self.promoted, "gate": self.policy.to_dict(),
                     "hardware_class": self.hardware_class, "hardware_label": self.hardware_label},
             "identity": {"changed_components": self.changed_components, "fingerprint_changes": self.fingerprint_changes,
-                         "batch_invariance": self.batch_invariance, "task_changes": self.task_changes},
+                         "batch_invariance": self.batch_invariance, "task_changes": self.task_changes,
+                         "prompts": self.prompts, "template_date": self.template_date},
             "results": {"counts": self.counts, "differences": self.differences(), "metrics": self.metrics,
                         "requests": [v for v in self.verdicts if v.verdict != "stable"]},
             "conditions": {"factors": self.factors, "cache_hits": self.cache_hits, "not_run": self.not_run,
@@ -357,8 +370,11 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
         explaining = list(changed)
         if base_request.request_hash != request.request_hash:
             explaining.append("suite")
+        moved = prompt_change(base_request, request)  # what the engine saw: rendered and tokenized
+        if moved is not None:
+            explaining.append("prompt")
         verdict = "explained_change" if explaining else "silent_regression"
-        verdicts.append(RequestVerdict(key, verdict, location, divergence, components=explaining,
+        verdicts.append(RequestVerdict(key, verdict, location, divergence, components=explaining, prompt=moved,
                                        passes={"baseline_pass": pair.baseline_pass, "pass": pair.current_pass,
                                                "condition": pair.condition},
                                        kinds=kinds, max_delta=max(delta for _, _, delta in found), flip=flip))
@@ -371,13 +387,25 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
         kind=kind, suite_name=current.run.suite_name, run_id=current.id,
         baseline_run_id=baseline.id if baseline else None, verdicts=verdicts, changed_components=changed,
         batch_invariance=engine.get("batch_invariance", {}), strict=strict,
-        fingerprint_changes=describe_changes(baseline.fingerprint, current.fingerprint, changed) if baseline else {},
+        fingerprint_changes=describe_changes(baseline.fingerprint, current.fingerprint,
+                                             changed + fingerprint_delta(baseline.fingerprint, current.fingerprint, ("prompt",)))
+        if baseline else {},
         factors=factor_summary(passes, varying, current),
         cache_hits=cache_hits(current, passes),
         baseline_pairs=[pair.to_dict() for pair in pairs],
         not_run=list((current.run.schedule or {}).get("not_run") or []),
         policy=policy,
+        prompts=prompts_compared(current, baseline) if baseline is not None else None,
+        template_date=template_date_of(current, baseline),
     )
+
+
+def template_date_of(current: RunRecord, baseline: RunRecord | None) -> dict[str, Any] | None:
+    """The date the run's chat templates rendered with, beside the baseline's, when a template read it."""
+    date = recorded_template_date(current.fingerprint)
+    if date is None:
+        return None
+    return {"date": date, "baseline_date": recorded_template_date(baseline.fingerprint) if baseline else None}
 
 
 def _baseline_pairs(current: RunRecord, baseline: RunRecord, key: str, pairs: list[PassPair], *,

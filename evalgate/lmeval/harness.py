@@ -19,6 +19,7 @@ from ..errors import ConfigError, EvalgateError
 from ..hashing import jsonable
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default when a task sets no max_gen_toks
+LM_EVAL_READER = "lm-eval"  # who read the template's clock (lm-eval's renders have no request key)
 
 
 class EvalgateLM(TemplateLM):
@@ -28,13 +29,14 @@ class EvalgateLM(TemplateLM):
     says), `_encode_pair` for context/continuation, left truncation, rolling windows of max_length - 2."""
 
     def __init__(self, tokenizer, max_length: int, add_bos_token: bool | None, sampling: dict,
-                 answers: dict | None = None):
+                 answers: dict | None = None, clock=None):
         super().__init__()
         self.tokenizer = tokenizer
         self._max_length = max_length
         self.add_bos_token = add_bos_token
         self.sampling = sampling
         self.answers = answers
+        self.clock = clock  # a TemplateClock (configuration/template_date.py): the date chat templates render with
         self.recorded: list[Prompt] = []
         self.docs: dict[str, dict[str, Any]] = {}  # task -> doc_id -> document, as evaluated
         self._pending: list = []
@@ -73,9 +75,11 @@ class EvalgateLM(TemplateLM):
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         import jinja2
 
+        pinned = self.clock.render_variables(LM_EVAL_READER) if self.clock is not None else {}
+
         def render(history):
             return self.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                      continue_final_message=not add_generation_prompt)
+                                                      continue_final_message=not add_generation_prompt, **pinned)
 
         if not getattr(self.tokenizer, "chat_template", None):
             raise ConfigError("[lm_eval] apply_chat_template is set, but the model's tokenizer has no chat template",

@@ -175,6 +175,7 @@ class TaskRun:
     sampling: dict
     identity: dict = field(default_factory=dict)
     keys_by_doc: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+    clock: Any = None  # the engine's TemplateClock: lm-eval's chats render with the suite's pinned date
 
     def _evaluate(self, lm, *, scoring: bool) -> dict:
         from lm_eval import simple_evaluate
@@ -201,7 +202,8 @@ class TaskRun:
         """evalgate as an lm-eval model (lmeval/harness.py, which imports lm-eval: loaded here, on first use)."""
         from .harness import EvalgateLM
 
-        return EvalgateLM(self.tokenizer, self.max_length, self.prepared.config.add_bos_token, self.sampling, answers)
+        return EvalgateLM(self.tokenizer, self.max_length, self.prepared.config.add_bos_token, self.sampling, answers,
+                          clock=self.clock)
 
     def build(self, suite: Suite) -> Suite:
         """The suite with lm-eval's requests added after its plain prompts, and the tasks' identity."""

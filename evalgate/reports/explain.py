@@ -3,6 +3,9 @@ a margin and the reason for a difference are spelled, so the same request reads 
 
 from __future__ import annotations
 
+import json
+
+from ..configuration.template_date import WALL_CLOCK
 from ..judgement.compare import Divergence
 from ..judgement.factors import is_batch_factor, remedy, words
 from ..judgement.verdict import FAILURES, STRICT_FAILURES, RequestVerdict
@@ -58,8 +61,50 @@ def why(v: RequestVerdict) -> str:
                 f"{ACROSS_WORDS[v.across]} across hardware, failing: [gate] other_hardware = \"exact\"")
     if v.components:
         tag = f" ({ACROSS_WORDS[v.across]})" if v.across else ""
-        return ", ".join(v.components) + tag
+        moved = f" ({prompt_text(v.prompt)})" if v.prompt else ""
+        return ", ".join(v.components) + tag + moved
     return "nothing changed" if v.verdict == "silent_regression" else ""
+
+
+def prompt_text(change) -> str:
+    """`rendered prompt differs at token 12: "…Today Date: 01 Mar 2026…" -> "…Today Date: 02 Mar 2026…"`."""
+    return (f"rendered prompt differs at token {change.position}: {_quoted(change.baseline_text)} -> "
+            f"{_quoted(change.text)}")
+
+
+def _quoted(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)  # newlines and quotes escaped: one line, unambiguous
+
+
+def prompts_line(report) -> str | None:
+    """`rendered prompts: equal, 12 of 12` against a baseline: what a silent regression's proof rests on."""
+    compared = report.prompts
+    if not compared:
+        return None
+    if compared["equal"] == compared["compared"]:
+        return f"rendered prompts: equal, {compared['equal']} of {compared['compared']}"
+    return (f"rendered prompts: {compared['compared'] - compared['equal']} of {compared['compared']} differ from the "
+            "baseline's (`prompt` explains those requests)")
+
+
+def prompt_lines(report) -> list[str]:
+    """What a report says of the prompts the engine saw: the pinned calendar, and the rendered prompts
+    compared with the baseline's."""
+    return [line for line in (template_date_line(report), prompts_line(report)) if line]
+
+
+def template_date_line(report) -> str | None:
+    """`this chat template writes today's date; pinned to 2026-12-04 (the baseline's)`."""
+    pinned = report.template_date
+    if not pinned:
+        return None
+    if pinned["date"] == WALL_CLOCK:
+        return ('this chat template writes today\'s date; not pinned ([suite] template_date = "wall-clock"): '
+                "its prompts move with the calendar")
+    base = pinned.get("baseline_date")
+    whose = (" (the baseline's)" if base == pinned["date"] else
+             f" (the baseline's was {base}: `prompt` explains what moved)" if base else "")
+    return f"this chat template writes today's date; pinned to {pinned['date']}{whose}"
 
 
 def invariance(inv: dict | None) -> tuple[str, str]:
@@ -273,7 +318,8 @@ def failure_text(v: RequestVerdict, fingerprint_changes: dict | None = None) -> 
     elif v.verdict == "silent_regression" and v.across:
         lines.append(f"why: {why(v)}")
     elif v.verdict == "silent_regression":
-        lines.append("changed components: none (model, tokenizer, engine, code, hardware, env are all unchanged)")
+        lines.append("changed components: none (model, tokenizer, engine, code, hardware, env are all unchanged, "
+                     "and the rendered prompt equals the baseline's)")
     if v.verdict in ("silent_regression", "explained_change") and v.passes and v.passes.get("condition"):
         lines.append(f"compared: baseline pass {v.passes['baseline_pass']} vs pass {v.passes['pass']} "
                      f"({v.passes['condition']})")
@@ -281,6 +327,8 @@ def failure_text(v: RequestVerdict, fingerprint_changes: dict | None = None) -> 
         lines.append("only in this run: no baseline output to compare")
     elif v.verdict == "missing":
         lines.append("only in the baseline: not in this run")
+    if v.prompt:
+        lines.append(prompt_text(v.prompt))
     if v.components:
         lines.append(f"changed components: {', '.join(v.components)}")
         for name in v.components:

@@ -34,6 +34,7 @@ from .explain import (
     number_text,
     one_line,
     paired_text,
+    prompt_lines,
     split_location,
     why,
 )
@@ -145,6 +146,9 @@ def step_summary(report: Report, fingerprint_changes: Mapping[str, str] | None =
         else:
             lines.append(f"**identity unchanged** since baseline run {report.baseline_run_id} ({STACK_NAMES})")
         lines.append("")
+    prompts = prompt_lines(report)
+    if prompts:
+        lines += [*(f"- {md_text(line)}" for line in prompts), ""]
     if report.kind == "baseline":
         lines += [f"Run {report.run_id} is now the baseline for this hardware." if report.promoted else
                   f"Run {report.run_id} was **NOT promoted** to baseline: its passes disagree.", ""]

@@ -36,6 +36,7 @@ from .explain import (
     number_text,
     one_line,
     paired_text,
+    prompt_lines,
     token_label,
     why,
 )
@@ -169,6 +170,7 @@ def page_context(run: Run, report: Report | None, sections: dict, diffs: list[Re
         "verdict": named_verdict(report) or run.verdict,
         "started": _when(run.started_at), "finished": _when(run.finished_at),
         "invariance": invariance(engine or {}), "stack": STACK_NAMES,
+        "prompt_lines": prompt_lines(report) if report is not None else [],
         "factor_rows": _factor_rows(factors, hits),
         "factor_lines": [(line.strip(), line.startswith(warn)) for line in lines],
         "across_lines": [(line.strip(), "confident at" in line)

@@ -83,6 +83,16 @@ def metric_properties(report: Report) -> list[tuple[str, str]]:
     return props
 
 
+def prompt_properties(report: Report) -> list[tuple[str, str]]:
+    """The pinned calendar and the rendered prompts compared with the baseline's, as properties."""
+    props = []
+    if report.template_date:
+        props.append(("template_date", report.template_date["date"]))
+    if report.prompts:
+        props.append(("rendered_prompts_equal", f"{report.prompts['equal']} of {report.prompts['compared']}"))
+    return props
+
+
 def junit_xml(report: Report, *, suite_file: str | Path | None = None, duration: float | None = None,
               fingerprint_changes: dict | None = None, timestamp: str | None = None,
               hostname: str | None = None) -> str:
@@ -109,7 +119,7 @@ def junit_xml(report: Report, *, suite_file: str | Path | None = None, duration:
         for name, value in (("suite", report.suite_name), ("kind", report.kind), ("run_id", str(report.run_id)),
                             ("baseline_run_id", "" if report.baseline_run_id is None else str(report.baseline_run_id)),
                             ("strict", str(report.strict).lower()), ("fail_on", report.policy.fail_on),
-                            *hardware_properties(report), *metric_properties(report)):
+                            *hardware_properties(report), *metric_properties(report), *prompt_properties(report)):
             _sub(props, "property", name=name, value=value)
         for v in verdicts:
             case = _sub(suite_el, "testcase", classname=label, name=v.key, time="0.000")

@@ -25,6 +25,7 @@ from .explain import (
     number_text,
     one_line,
     paired_text,
+    prompt_lines,
     why,
 )
 
@@ -52,6 +53,8 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
         else:
             console.print(f"identity unchanged since baseline run {report.baseline_run_id} "
                           "(model, tokenizer, engine, code, hardware, env)")
+    for line in prompt_lines(report):
+        console.print(escape(line), style="yellow" if "differ" in line or "not pinned" in line else "", soft_wrap=True)
 
     counts = Table(title=f"{report.kind} run {report.run_id} — suite {report.suite_name!r}", title_justify="left")
     counts.add_column("verdict")

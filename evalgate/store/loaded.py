@@ -151,8 +151,8 @@ class RunPayloads:
 
 
 class StoredRequest:
-    """A stored request row: its key, request hash, location and type at once; its prompt, prompt ids and
-    sampling read (for the whole run, in one query) the first time one is wanted."""
+    """A stored request row: its key, request hash, location and type at once; its prompt, prompt ids,
+    sampling and rendering read (for the whole run, in one query) the first time one is wanted."""
 
     __slots__ = ("key", "request_hash", "location", "request_type", "_details")
 
@@ -172,9 +172,14 @@ class StoredRequest:
     def sampling(self) -> dict:
         return self._details(self.key)[2]
 
+    @property
+    def rendered(self) -> str:
+        """The prompt as the engine saw it, as text: a chat's rendering, else the prompt itself."""
+        return self._details(self.key)[3] or self.prompt
+
 
 class RequestDetails:
-    """The prompt, prompt ids and sampling of a stored run's requests, read once when first wanted."""
+    """The prompt, prompt ids, sampling and rendering of a stored run's requests, read once when first wanted."""
 
     def __init__(self, store: StoreBase, run_id: int):
         self.store, self.run_id = store, run_id
@@ -183,10 +188,11 @@ class RequestDetails:
     def __call__(self, key: str) -> tuple:
         if self._rows is None:
             requests = Request.__table__
-            q = select(requests.c.key, requests.c.prompt, requests.c.prompt_ids, requests.c.sampling).where(
-                requests.c.run_id == self.run_id)
+            q = select(requests.c.key, requests.c.prompt, requests.c.prompt_ids, requests.c.sampling,
+                       requests.c.rendered).where(requests.c.run_id == self.run_id)
             with self.store.session() as s:
-                self._rows = {key: (prompt, bytes(ids), sampling) for key, prompt, ids, sampling in s.execute(q)}
+                self._rows = {key: (prompt, bytes(ids), sampling, rendered)
+                              for key, prompt, ids, sampling, rendered in s.execute(q)}
         return self._rows[key]
 
 

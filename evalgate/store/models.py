@@ -70,6 +70,8 @@ class Request(Base):
     location: Mapped[str | None] = mapped_column(Text)  # prompts file:line, or task file + doc id
     # generate (plain prompt) | generate_until | loglikelihood | loglikelihood_rolling (lm-eval)
     request_type: Mapped[str] = mapped_column(String(40), default="generate", server_default="generate")
+    # a chat request's prompt as rendered by its template (what the engine saw, as text); NULL: `prompt` is it
+    rendered: Mapped[str | None] = mapped_column(NulSafeText)
 
 
 class Payload(Base):

@@ -23,7 +23,8 @@ from .models import Fingerprint, Output, Payload, Request, Run, Verdict, utcnow
 
 OUTPUT_COLUMNS = ("run_id", "request_key", "pass_index", "concurrency", "wave", "position", "finish_reason", "digest",
                   "cached_tokens", "payload_hash")
-REQUEST_COLUMNS = ("run_id", "key", "request_hash", "prompt", "prompt_ids", "sampling", "location", "request_type")
+REQUEST_COLUMNS = ("run_id", "key", "request_hash", "prompt", "prompt_ids", "sampling", "location", "request_type",
+                   "rendered")
 
 
 def display_status(run: Run) -> str:
@@ -38,7 +39,7 @@ class RunStore(StoreBase):
     # --- writing a run ---------------------------------------------------------------------------------
 
     def create_run(self, suite, kind: str, schedule: dict, fingerprint: dict[str, dict],
-                   prompt_ids: dict[str, list[int]], *, shard: str | None = None,
+                   prompt_ids: dict[str, list[int]], *, rendered: dict[str, str] | None = None, shard: str | None = None,
                    shard_group: str | None = None, owner: dict | None = None, engine_log: str | None = None) -> int:
         fp_hash = fingerprint_hash(fingerprint)
         self._check_fits(suite)
@@ -48,7 +49,8 @@ class RunStore(StoreBase):
         locations = suite.locations
         with collector_paused():
             rows = [(p.key, hashes.get(p.key) or suite.request_hash(p), p.text, pack_ids(prompt_ids[p.key]),
-                     suite.sampling_for(p), locations.get(p.key), p.request_type) for p in suite.prompts]
+                     suite.sampling_for(p), locations.get(p.key), p.request_type, (rendered or {}).get(p.key))
+                    for p in suite.prompts]
 
         def write(s: Session) -> int:
             self.add_fingerprint(s, fp_hash, fingerprint)

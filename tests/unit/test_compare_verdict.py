@@ -16,7 +16,7 @@ from evalgate.errors import ExitCode
 from evalgate.fingerprint import COMPONENTS, component
 from evalgate.judgement.compare import first_divergence, within_run
 from evalgate.judgement.verdict import REPORT_SCHEMA, VERDICTS, Report, RequestVerdict, judge
-from evalgate.records import Completion
+from evalgate.records import Completion, pack_ids
 from evalgate.store import RunRecord
 
 
@@ -41,10 +41,13 @@ def fingerprint(**changed) -> dict:
 
 
 def record(run_id: int, outputs: dict[str, list[Completion]], *, fp=None, request_hashes=None,
-           suite_name="s", schedule: dict | None = None) -> RunRecord:
-    request_hashes = request_hashes or {}
+           suite_name="s", schedule: dict | None = None, rendered: dict[str, str] | None = None) -> RunRecord:
+    """A run in memory; `rendered`: a request's prompt as the engine saw it (its ids: one per character)."""
+    request_hashes, rendered = request_hashes or {}, rendered or {}
     requests = {key: SimpleNamespace(key=key, request_hash=request_hashes.get(key, f"h-{key}"),
-                                     location=f"prompts.jsonl:{i + 1}")
+                                     location=f"prompts.jsonl:{i + 1}", prompt=f"prompt {key}",
+                                     rendered=rendered.get(key, f"prompt {key}"),
+                                     prompt_ids=pack_ids([ord(c) for c in rendered.get(key, f"prompt {key}")]))
                 for i, key in enumerate(outputs)}
     run = SimpleNamespace(id=run_id, suite_name=suite_name, schedule=schedule)
     return RunRecord(run=run, fingerprint=fp or fingerprint(), requests=requests, outputs=outputs)
@@ -195,6 +198,34 @@ def test_different_with_equal_fingerprint_is_silent_regression():
     assert report.changed_components == []
 
 
+def test_a_moved_rendered_prompt_explains_its_request_and_only_its_own():
+    """Everything in the fingerprint equal, the suite's request equal: the prompt ids the engine was given
+    moved (a template's date). That request is `prompt`, shown where; the other one stays a regression."""
+    day1 = "<s>system\nToday Date: 01 Mar 2026\n\nBe brief.</s><s>user\nHi</s>"
+    day2 = day1.replace("01 Mar", "02 Mar")
+    baseline = record(1, {"a": passes("a", comp(IDS)), "b": passes("b", comp(IDS))}, rendered={"a": day1})
+    current = record(2, {"a": passes("a", comp([11, 12, 13, 14, 77])), "b": passes("b", comp([11, 12, 13, 14, 99]))},
+                     rendered={"a": day2})
+    report = judge(current, baseline)
+    v = by_key(report)
+    assert (v["a"].verdict, v["a"].components) == ("explained_change", ["prompt"])
+    assert v["a"].prompt.position == day1.index("01 Mar") + 1 and (v["a"].prompt.baseline_token, v["a"].prompt.token) == (
+        ord("1"), ord("2"))
+    assert "Today Date: 01 Mar 2026" in v["a"].prompt.baseline_text and "Today Date: 02 Mar 2026" in v["a"].prompt.text
+    assert (v["b"].verdict, v["b"].components, v["b"].prompt) == ("silent_regression", [], None)
+    assert report.prompts == {"compared": 2, "equal": 1}
+    # the stored form reads back whole
+    assert RequestVerdict.from_dict(json.loads(json.dumps(v["a"].to_dict()))).prompt == v["a"].prompt
+
+
+def test_equal_rendered_prompts_are_said_beside_a_silent_regression():
+    baseline = record(1, {"a": passes("a", comp(IDS)), "b": passes("b", comp(IDS))})
+    current = record(2, {"a": passes("a", comp(IDS)), "b": passes("b", comp([11, 12, 13, 14, 99]))})
+    report = judge(current, baseline)
+    assert report.prompts == {"compared": 2, "equal": 2}
+    assert Report.from_dict(json.loads(json.dumps(report.to_dict()))).prompts == report.prompts
+
+
 def test_logprob_only_difference_against_baseline_is_a_silent_regression():
     lps = [-0.5, -1.5, -2.5, -3.5, -4.5]
     changed = list(lps)
@@ -297,7 +328,7 @@ def test_report_to_dict_schema():
     assert d["batch_invariance"] == {"requested": True, "in_force": False, "reason": "cpu"}
     assert [r["key"] for r in d["requests"]] == ["b"]  # stable requests are left out
     assert set(d["requests"][0]) == {"key", "verdict", "location", "divergence", "passes", "components", "factor",
-                                     "bits_only", "kinds", "max_delta", "flip", "across"}
+                                     "bits_only", "kinds", "max_delta", "flip", "across", "prompt"}
     assert d["requests"][0]["across"] is None and d["hardware"] is None  # one hardware class
     assert d["requests"][0]["divergence"]["position"] == 0
     json.dumps(d, allow_nan=False)
@@ -553,7 +584,7 @@ def test_golden_json_fields_of_conditions():
                       "promoted", "counts", "changed_components", "batch_invariance", "requests", "metrics",
                       "task_changes", "factors", "cache_hits", "baseline_pairs", "not_run", "alone_coverage",
                       "gate", "differences", "hardware", "classes", "fingerprint_changes", "hardware_class",
-                      "hardware_label", "engine_log"}
+                      "hardware_label", "prompts", "template_date", "engine_log"}
     assert d["alone_coverage"] is None  # the full schedule; the rotating preset's: tests/plumbing/test_rotation.py
     assert d["factors"][0] == {"factor": "prefix_cache", "comparison": "prefix cache cold→hot", "reference_pass": 0,
                                "pass": 1, "differing": 1, "compared": 1, "requests": 1, "keys": ["k"]}

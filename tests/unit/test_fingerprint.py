@@ -87,7 +87,8 @@ def test_delta_lists_changed_stack_components_in_order():
     assert delta(old, new, components=COMPONENTS) == ["model", "suite", "env"]
     missing = {k: v for k, v in old.items() if k != "hardware"}
     assert delta(old, missing) == ["hardware"]
-    assert "suite" not in STACK_COMPONENTS and set(STACK_COMPONENTS) | {"suite"} == set(COMPONENTS)
+    # `suite` and `prompt` are judged per request (a request's hash, its prompt ids), never stack-wide
+    assert {"suite", "prompt"}.isdisjoint(STACK_COMPONENTS) and set(STACK_COMPONENTS) | {"suite", "prompt"} == set(COMPONENTS)
 
 
 def test_describe_changes():

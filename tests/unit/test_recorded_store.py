@@ -45,8 +45,9 @@ def test_every_recorded_run_is_judged_as_it_was(store):
         report = gate.judge_runs(store, run.id, run.baseline_run_id, kind=run.kind)
         assert report.counts == run.summary, run.id
         stored_verdicts = store.verdicts(run.id)
-        # fields added since the recording (`across`: a cross-hardware class) are new, and None on a run of one class
-        added = {"across"}
+        # fields added since the recording (`across`: a cross-hardware class; `prompt`: a moved rendered prompt)
+        # are new, and None on a run of one class whose prompts did not move
+        added = {"across", "prompt"}
         got = [v.to_dict() for v in report.verdicts if v.verdict != "stable"]
         assert all(d.pop(name) is None for d in got for name in added), run.id
         # `kinds`, new too, agrees with the recorded `bits_only`: logprob alone is drift, none for new/missing
