@@ -33,12 +33,17 @@ TEST_ENV = {
 
 
 class CLI:
-    def __init__(self, env: dict[str, str], cwd: Path):
+    def __init__(self, env: dict[str, str], cwd: Path, prefix: tuple[str, ...] = ()):
         self.env, self.cwd = env, cwd
+        self.prefix = prefix  # a command the CLI runs under (e.g. faketime)
+
+    def under(self, *prefix: str) -> CLI:
+        """The same CLI run under another command, e.g. `cli.under("faketime", "-f", "@2026-03-01 09:00:00")`."""
+        return CLI(self.env, self.cwd, prefix)
 
     def __call__(self, *args: str, timeout: float = 900, check: int | None = None) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "evalgate", *map(str, args)], cwd=self.cwd, env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run([*self.prefix, sys.executable, "-m", "evalgate", *map(str, args)], cwd=self.cwd,
+                              env=self.env, capture_output=True, text=True, timeout=timeout)
         if check is not None and proc.returncode != check:
             raise AssertionError(f"evalgate {' '.join(map(str, args))} exited {proc.returncode}, expected {check}\n"
                                  f"--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}")

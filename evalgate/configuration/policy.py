@@ -8,8 +8,11 @@ each run and shown in every report, and changing it changes no fingerprint.
   where bits move with the batch on every request but what users see does not.
 
 Every token flip is classed by the reference's top-1 minus top-2 logprob margin at the flip: a
-`near_tie` (margin under `near_tie_margin`: numerics tipped two almost equal candidates) or `confident`
-(the model's preference really changed). Reports keep the two apart.
+`near_tie` (margin at most `near_tie_margin`: numerics tipped two almost equal candidates) or `confident`
+(the model's preference really changed). Reports keep the two apart. By default the margin follows the
+engine's dtype, as the cross-hardware ε does (the same figures, `HARDWARE_TOLERANCES`): bf16 margins come in
+logit steps of 0.0625-0.125, and within one run flips were measured at 0, 0.125 and 0.25 (two steps), which a
+fixed 0.1 called confident. It is resolved when a run is judged and recorded with it: a run keeps its labels.
 
 Across hardware (a check judged against another hardware class's baseline, evalgate/judgement/hardware.py):
 - `other_hardware = "judge"` (default): drift and near ties pass and are reported, confident flips fail;
@@ -28,7 +31,7 @@ fails a run whose metric got significantly worse, even where every token-level d
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .config import check_keys, fail
@@ -43,7 +46,8 @@ OTHER_HARDWARE = ("judge", "exact", "refuse")
 # its largest; bf16: two logit steps for ε, twice the largest for the cap; fp16 (3 more mantissa bits) 1/8 of bf16.
 HARDWARE_TOLERANCES = {"float32": (1e-3, 1e-3), "float16": (0.03, 0.06), "bfloat16": (0.25, 0.5)}
 UNKNOWN_DTYPE = "bfloat16"  # a server that does not say: the widest (what GPU serving mostly runs)
-DEFAULT_NEAR_TIE_MARGIN = 0.1  # nats: below it a flip is a numerics coin toss rather than a changed preference
+# nats: the margin runs were judged under before it followed the dtype (their recorded policy may not name it)
+LEGACY_NEAR_TIE_MARGIN = 0.1
 BITS_ONLY = "logprob"  # the divergence kind of a difference in logprob bits alone (compare.Divergence)
 
 
@@ -70,7 +74,7 @@ class Tolerance:
 @dataclass(frozen=True)
 class GatePolicy:
     fail_on: str = "bits"
-    near_tie_margin: float = DEFAULT_NEAR_TIE_MARGIN
+    near_tie_margin: float | None = None  # None: by the engine's dtype (its tie ε, HARDWARE_TOLERANCES)
     other_hardware: str = "judge"
     tie_epsilon: float | None = None  # None: by the engine's dtype (HARDWARE_TOLERANCES)
     drift_cap: float | None = None
@@ -88,19 +92,30 @@ class GatePolicy:
         """Whether differences of these divergence kinds fail the gate under this policy."""
         return bool(kinds) and (self.fail_on == "bits" or bool(kinds - {BITS_ONLY}))
 
+    def for_dtype(self, dtype: str | None) -> GatePolicy:
+        """The policy with `near_tie_margin` resolved for an engine of this dtype (the suite's, else the tie ε
+        of the dtype): what a run is judged under and recorded with."""
+        if self.near_tie_margin is not None:
+            return self
+        return replace(self, near_tie_margin=self.tolerance(dtype).epsilon)
+
     def flip_class(self, kind: str | None, margin: float | None) -> str | None:
         """`near_tie` or `confident` for a token flip; None for anything else (or an unknown margin)."""
         if kind != "token" or margin is None:
             return None
-        return "near_tie" if margin < self.near_tie_margin else "confident"
+        limit = self.near_tie_margin if self.near_tie_margin is not None else self.tolerance(None).epsilon
+        return "near_tie" if margin <= limit else "confident"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict | None) -> GatePolicy:
-        """A run's recorded policy; runs recorded before `[gate]` were judged on bits."""
-        return cls(**{k: v for k, v in (data or {}).items() if k in GATE_KEYS})
+        """A run's recorded policy; runs recorded before `[gate]` were judged on bits, and before the margin
+        followed the dtype, at a near-tie margin of 0.1."""
+        recorded = {k: v for k, v in (data or {}).items() if k in GATE_KEYS}
+        recorded.setdefault("near_tie_margin", LEGACY_NEAR_TIE_MARGIN)
+        return cls(**recorded)
 
 
 GATE_KEYS = ("fail_on", "near_tie_margin", "other_hardware", "tie_epsilon", "drift_cap", "metric_alpha", "fail_on_metric")
@@ -121,7 +136,7 @@ def parse_gate_table(table: dict, where: str, prefix: str = "") -> GatePolicy:
     if fail_on not in FAIL_ON:
         raise fail(where, f"`{prefix}gate.fail_on` must be \"bits\" or \"tokens\", got {fail_on!r}",
                    'fail_on = "tokens" lets logprob-bit drift pass and fails token flips (docs/suite.md)')
-    margin = _nats(table, "near_tie_margin", DEFAULT_NEAR_TIE_MARGIN, where, prefix, str(DEFAULT_NEAR_TIE_MARGIN))
+    margin = _nats(table, "near_tie_margin", None, where, prefix, "0.25")
     other = table.get("other_hardware", "judge")
     if other not in OTHER_HARDWARE:
         raise fail(where, f"`{prefix}gate.other_hardware` must be \"judge\", \"exact\" or \"refuse\", got {other!r}",

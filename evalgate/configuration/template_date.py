@@ -48,14 +48,23 @@ def _iso(moment: datetime) -> str:
     return moment.date().isoformat() if moment.time() == datetime.min.time() else moment.isoformat()
 
 
-def resolve_template_date(setting: str, recorded: str | None = None, today: date | None = None) -> str:
+def today() -> date:
+    """This machine's local date, as `strftime_now` reads it (one place, so tests can move the calendar)."""
+    return date.today()
+
+
+def now() -> datetime:
+    return datetime.now()
+
+
+def resolve_template_date(setting: str, recorded: str | None = None) -> str:
     """The date a run renders with: an explicit setting as is; "auto" the date a baseline recorded (`recorded`),
     else today's (this machine's local date, as `strftime_now` would read it)."""
     if setting != AUTO:
         return setting
     if recorded and recorded != WALL_CLOCK:
         return recorded
-    return (today or date.today()).isoformat()
+    return today().isoformat()
 
 
 def recorded_template_date(fingerprint: dict) -> str | None:
@@ -77,7 +86,7 @@ class TemplateClock:
         """The render variables that pin the clock for one request's render (`key`: who reads it)."""
         def strftime_now(format: str) -> str:
             self.read_by.add(key)
-            return (self.moment or datetime.now()).strftime(format)
+            return (self.moment or now()).strftime(format)
 
         return {"strftime_now": strftime_now}
 

@@ -295,6 +295,8 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
     which are then not `missing`). `policy`: what fails (default: the one recorded with the run)."""
     if policy is None:
         policy = GatePolicy.from_dict((current.run.schedule or {}).get("gate"))
+    engine = current.fingerprint.get("engine", {}).get("data", {})
+    policy = policy.for_dtype(engine.get("dtype"))  # the near-tie margin, by the dtype unless the suite sets it
     changed = fingerprint_delta(baseline.fingerprint, current.fingerprint) if baseline else []
     passes = passes_of(current.run.schedule)
     pairs = matching_passes(passes_of(baseline.run.schedule), passes) if baseline else []
@@ -382,7 +384,6 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
         for key, base_request in baseline.requests.items():
             if key not in current.requests and in_scope(key):
                 verdicts.append(RequestVerdict(key, "missing", base_request.location, components=["suite"]))
-    engine = current.fingerprint.get("engine", {}).get("data", {})
     return Report(
         kind=kind, suite_name=current.run.suite_name, run_id=current.id,
         baseline_run_id=baseline.id if baseline else None, verdicts=verdicts, changed_components=changed,

@@ -202,14 +202,15 @@ def gate_lines(d: dict | None) -> list[str]:
         return []
     if d["fail_on"] == "tokens":
         lines = [f"gate: fail on tokens (token flips fail; logprob-bit drift is reported and passes; near tie: margin "
-                 f"< {d['near_tie_margin']:g})"]
+                 f"<= {d['near_tie_margin']:g})"]
     else:
         lines = ["gate: fail on bits (any difference fails, down to one logprob bit)"]
     flips = d["token_flips"]
     if d["bits_only"] or flips["near_tie"] or flips["confident"]:
         bits = (f"{d['bits_only']} in logprob bits only (largest |Δ| {d['max_delta']:.3g}, smallest margin "
                 f"{margin_text(d['min_margin']) or 'unknown'})" if d["bits_only"] else "none in bits only")
-        lines.append(f"differences: {bits}; token flips: {flips['near_tie']} near-tie, {flips['confident']} confident")
+        tie = f" (near tie: margin <= {d['near_tie_margin']:g})" if d.get("near_tie_margin") is not None else ""
+        lines.append(f"differences: {bits}; token flips: {flips['near_tie']} near-tie, {flips['confident']} confident{tie}")
     if d["drift"]:
         lines.append(f"drift: {d['drift']} request(s) differ in logprob bits only: reported, not failing (fail_on = tokens)")
     return lines

@@ -31,6 +31,7 @@ from helpers import (
 )
 from sqlalchemy.exc import SQLAlchemyError
 
+from evalgate.configuration.policy import HARDWARE_TOLERANCES
 from evalgate.configuration.schedule import rotation_slot
 
 pytestmark = pytest.mark.e2e
@@ -203,14 +204,16 @@ def test_fail_on_tokens_lets_bit_drift_pass_and_reports_it(cli, tmp_path, varian
     flips = set(source.token_flips["batch_size"])
     bits_only = set(source.differing["batch_size"]) - flips
     assert proc.returncode == (1 if flips else 0), proc.stdout[-3000:]
-    assert report["gate"] == {"fail_on": "tokens", "near_tie_margin": 0.1, "other_hardware": "judge",
+    # the near-tie margin follows the dtype (the tie ε of policy.HARDWARE_TOLERANCES), recorded resolved
+    margin = HARDWARE_TOLERANCES[source.dtype][0]
+    assert report["gate"] == {"fail_on": "tokens", "near_tie_margin": margin, "other_hardware": "judge",
                               "tie_epsilon": None, "drift_cap": None, "metric_alpha": 0.05, "fail_on_metric": None}
     d = report["differences"]
     assert d["bits_only"] == d["drift"] == len(bits_only)
     assert d["token_flips"]["near_tie"] + d["token_flips"]["confident"] == len(flips)
     assert {r["key"] for r in report["requests"] if r["bits_only"]} == bits_only
-    # each flip's class, as plain vLLM's own margin at its first differing token says (0.1: the default margin)
-    expected = {key: "near_tie" if margin < 0.1 else "confident" for key, margin in source.flip_margins["batch_size"].items()}
+    # each flip's class, as plain vLLM's own margin at its first differing token says
+    expected = {key: "near_tie" if at <= margin else "confident" for key, at in source.flip_margins["batch_size"].items()}
     assert {r["key"]: r["flip"] for r in report["requests"] if r["flip"]} == expected
     # the survey prefers a source that drifts in bits alone (every CPU measured has one): checked everywhere
     assert bits_only, f"the variance source drifts in no request's bits alone here:\n{source.table}"

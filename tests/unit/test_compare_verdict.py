@@ -596,3 +596,31 @@ def test_golden_json_fields_of_conditions():
     assert d["cache_hits"] == [{"pass": 1, "hit": 0, "missed": 0, "unknown": 1}]
     assert d["baseline_pairs"] == [] and d["not_run"] == []
     json.dumps(d, allow_nan=False)
+
+
+@pytest.mark.parametrize("dtype, margin, expected", [
+    ("torch.bfloat16", 0.25, "near_tie"),  # two bf16 logit steps: measured within a run on SmolLM2 bf16
+    ("torch.bfloat16", 0.3125, "confident"),
+    ("torch.float32", 0.25, "confident"),  # fp32 numerics move logits by ~1e-5: a flip at 0.25 is the model
+    ("torch.float32", 0.0005, "near_tie"),
+])
+def test_the_near_tie_margin_follows_the_dtype_and_is_recorded_resolved(dtype, margin, expected):
+    lps = [-0.1, -0.1, -0.1]
+    top = [[-0.1, -0.1 - 1.0], [-0.1, -0.1 - margin], [-0.1, -1.1]]
+    fp, gate = fingerprint(engine={"dtype": dtype}), {"gate": {"fail_on": "bits", "near_tie_margin": None}}
+    baseline = record(1, {"a": passes("a", comp([1, 2, 3], lps=lps, top=top))}, fp=fp, schedule=gate)
+    current = record(2, {"a": passes("a", comp([1, 9, 3], lps=lps, top=top))}, fp=fp, schedule=gate)
+    report = judge(current, baseline)
+    (v,) = report.verdicts
+    assert (v.verdict, v.flip) == ("silent_regression", expected)
+    tie = {"torch.bfloat16": 0.25, "torch.float32": 1e-3}[dtype]
+    assert report.policy.near_tie_margin == tie == report.to_dict()["gate"]["near_tie_margin"]
+
+
+def test_a_run_recorded_before_keeps_its_margin_and_a_suites_own_wins():
+    from evalgate.configuration.policy import GatePolicy
+
+    assert GatePolicy.from_dict(None).near_tie_margin == 0.1  # judged before the margin followed the dtype
+    assert GatePolicy.from_dict({"fail_on": "bits", "near_tie_margin": 0.1}).for_dtype("bfloat16").near_tie_margin == 0.1
+    assert GatePolicy.from_dict({"fail_on": "bits", "near_tie_margin": None}).for_dtype("bfloat16").near_tie_margin == 0.25
+    assert GatePolicy(near_tie_margin=0.5).for_dtype("float32").near_tie_margin == 0.5
