@@ -40,6 +40,9 @@ ENV_IGNORED = re.compile(r"(CACHE_ROOT|CACHE_DIR|_CACHE$|LOGGING|LOG_LEVEL|_LOG$
                          r"NO_USAGE_STATS|DO_NOT_TRACK|CONFIG_ROOT|_TMP|TMPDIR|ASSETS_|_IDENT$|SHM_|_BUFFER_NAME)")
 # Secret-looking names: SECRET/PASSWORD/AUTH/CREDENTIAL anywhere, KEY/TOKEN as the last word (HF_TOKEN,
 # VLLM_API_KEY); numeric knobs such as VLLM_MULTI_STREAM_GEMM_TOKEN_THRESHOLD stay visible and hashed.
+# Variables outside those prefixes that change what the engine computes with: LD_PRELOAD swaps the OpenMP
+# runtime or the allocator in (vLLM's CPU guide preloads tcmalloc and Intel's OpenMP).
+ENV_NAMES = ("LD_PRELOAD",)
 SECRET_NAME = re.compile(r"(SECRET|PASSWORD|PASSWD|AUTH|CREDENTIAL|APIKEY|(^|_)(KEY|TOKEN)S?$)", re.IGNORECASE)
 REDACTED = "<redacted>"
 
@@ -299,7 +302,7 @@ def env_snapshot(environ: dict[str, str] | None = None) -> dict[str, str]:
     environ = dict(os.environ if environ is None else environ)
     snapshot = {}
     for name, value in environ.items():
-        if not name.upper().startswith(ENV_PREFIXES) or ENV_IGNORED.search(name.upper()):
+        if name.upper() not in ENV_NAMES and (not name.upper().startswith(ENV_PREFIXES) or ENV_IGNORED.search(name.upper())):
             continue
         if name.upper() in DISPATCH_ENV:  # hardware (`kernel_dispatch`): counted once, there
             continue
@@ -323,6 +326,29 @@ def renderer_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             versions[name] = None
     return versions
+
+
+# The runtime libraries that do an engine's arithmetic or threading beside torch's own code: OpenMP runtimes,
+# allocators, BLAS and oneDNN builds. Which files a process maps is what LD_PRELOAD, LD_LIBRARY_PATH or an
+# installed package decides; their content is identity.
+RUNTIME_LIBRARY = re.compile(r"(gomp|iomp|omp5|tcmalloc|jemalloc|dnnl|mkl_|openblas|blis|flame|sleef)", re.IGNORECASE)
+
+
+def runtime_libraries(maps: Path = Path("/proc/self/maps")) -> dict[str, str]:
+    """{file name: sha256} of the runtime libraries this process has mapped (`RUNTIME_LIBRARY`), by content,
+    not path (a virtualenv elsewhere is the same engine); two files of one name (torch's own libgomp.so.1 and
+    a preloaded system one) keep both hashes, sorted. Empty where the system does not say (no /proc)."""
+    try:
+        lines = maps.read_text().splitlines()
+    except OSError:
+        return {}
+    found = sorted({fields[5] for fields in (line.split(None, 5) for line in lines) if len(fields) == 6})
+    paths = [Path(p) for p in found if ".so" in Path(p).name and RUNTIME_LIBRARY.search(Path(p).name)]
+    hashes = hash_files({str(p): p for p in paths if p.is_file()})
+    by_name: dict[str, list[str]] = {}
+    for path, sha in hashes.items():
+        by_name.setdefault(Path(path).name, []).append(sha)
+    return {name: ",".join(sorted(shas)) for name, shas in sorted(by_name.items())}
 
 
 def build_fingerprint(suite, engine) -> dict[str, dict]:

@@ -44,7 +44,7 @@ def survey(suite_file: Optional[Path] = SuiteArg,
 def show_survey(report, suite) -> list[str]:
     """Print a survey's table and what removes the variance the suite's policy fails; returns those factors."""
     from ..judgement.factors import words
-    from ..reports.explain import margin_text
+    from ..reports.explain import margin_text, template_date_line
     from ..store import open_store
     from ..survey import failing_factors, how_they_differ, machine_table, remedy_args, setting_lines, token_flips, unremedied
 
@@ -52,6 +52,9 @@ def show_survey(report, suite) -> list[str]:
     console.print(f"machine: {report.hardware_label or 'unknown'}; batch-invariant kernels "
                   + ("in force" if inv.get("in_force") else f"not in force ({inv.get('reason') or 'not requested'})"),
                   soft_wrap=True)
+    pinned = template_date_line(report)
+    if pinned:
+        console.print(escape(pinned), soft_wrap=True)
     rows = machine_table(report)
     print_table(["comparison", "factor", "differing"],
                 [[r.comparison, words(r.factor), f"{r.differing}/{r.compared}"] for r in rows])

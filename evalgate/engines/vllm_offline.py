@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..errors import ConfigError, EngineError, MissingDependency
-from ..fingerprint import env_snapshot
+from ..fingerprint import env_snapshot, runtime_libraries
 from ..records import Completion, Positions, as_ids, rank_top_rows
 from .base import INVARIANCE_PLATFORMS, Engine, arrange_batch_invariance, request_salt
 
@@ -126,6 +126,7 @@ class VllmOfflineEngine(Engine):
             "data_parallel_size": config.parallel_config.data_parallel_size,
             "seed": model_config.seed,
             "torch_threads": torch.get_num_threads(),
+            "libraries": runtime_libraries(),  # what LD_PRELOAD / LD_LIBRARY_PATH put under the engine
             "batch_invariance": dict(self.invariance),
         }
 

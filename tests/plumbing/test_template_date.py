@@ -108,6 +108,13 @@ def test_a_baseline_pins_its_day_and_every_later_check_reuses_it(inline_cli, tmp
     assert "'2026-03-01' -> '2026-03-05'" in report["fingerprint_changes"]["prompt"]
 
 
+def test_survey_says_the_pin_in_one_line(inline_cli, tmp_path, tiny_model, calendar):
+    """`survey` (and `init`, which runs it) tells a new user the template reads the date, and which one it got."""
+    calendar("2026-12-04T10:00:00")
+    surveyed = inline_cli("survey", dated_suite(tmp_path, tiny_model), check=0)
+    assert "this chat template writes today's date; pinned to 2026-12-04" in surveyed.stdout
+
+
 def test_a_suite_whose_templates_never_read_the_calendar_records_no_date(inline_cli, tmp_path, fake_model):
     suite = write_suite(tmp_path / "ws", fake_model, ["one", "two"], concurrency=(1,), shuffles=0, kind="fake")
     made = inline_cli("baseline", "create", suite, "--json-report", tmp_path / "r.json", check=0)

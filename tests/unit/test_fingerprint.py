@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from evalgate.fingerprint import (
     hardware_label,
     hash_files,
     model_component,
+    runtime_libraries,
     tokenizer_component,
 )
 from evalgate.hashing import digest
@@ -150,6 +152,66 @@ def test_a_capped_kernel_dispatch_is_another_hardware_class_never_nothing_change
     assert onednn["hardware"]["data"]["dispatch"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
     # an uncapped machine's class is what it was before dispatch was recorded (committed baselines stay valid)
     assert "dispatch" not in native["hardware"]["data"]
+
+
+# The settings of docs/fingerprint.md's table ("What moves outputs with the suite file unchanged",
+# benchmarks/identity_holes.py) and the component each must move: none may read "nothing changed".
+RECORDED = {
+    ("OMP_NUM_THREADS", "2"): "env", ("ONEDNN_DEFAULT_FPMATH_MODE", "BF16"): "env",
+    ("VLLM_CPU_KVCACHE_SPACE", "2"): "env", ("VLLM_CPU_OMP_THREADS_BIND", "0"): "env",
+    ("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"): "env",
+    ("ATEN_CPU_CAPABILITY", "avx2"): "hardware", ("ONEDNN_MAX_CPU_ISA", "AVX2"): "hardware",
+    ("MKL_ENABLE_INSTRUCTIONS", "AVX2"): "hardware",
+}
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="torch's CPU capabilities are x86's")
+@pytest.mark.parametrize("setting", sorted(RECORDED), ids="=".join)
+def test_every_setting_found_to_move_outputs_is_recorded(setting):
+    base = {"OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    name, value = setting
+    assert delta(stack(base), stack({**base, name: value}), ("hardware", "env")) == [RECORDED[setting]]
+
+
+def test_runtime_libraries_are_the_mapped_files_by_content(tmp_path):
+    """Which OpenMP, allocator or BLAS a process loaded is decided outside the suite (LD_PRELOAD,
+    LD_LIBRARY_PATH, a package): the engine component holds their content, read from the process's maps."""
+    gomp, other = tmp_path / "libgomp.so.1", tmp_path / "libpython3.so"
+    gomp.write_bytes(b"one runtime")
+    other.write_bytes(b"not a runtime library")
+    maps = tmp_path / "maps"
+    maps.write_text("".join(f"7f00-7f01 r-xp 00000000 08:01 12 {p}\n" for p in (gomp, other, gomp))
+                    + "7f02-7f03 rw-p 00000000 00:00 0 \n")
+    first = runtime_libraries(maps)
+    assert list(first) == ["libgomp.so.1"]
+    twin = tmp_path / "elsewhere" / "libgomp.so.1"  # one name, two files: both count, in a fixed order
+    twin.parent.mkdir()
+    twin.write_bytes(b"a second runtime")
+    maps.write_text(maps.read_text() + f"7f04-7f05 r-xp 00000000 08:01 13 {twin}\n")
+    both = runtime_libraries(maps)
+    assert len(both["libgomp.so.1"].split(",")) == 2 and both == runtime_libraries(maps)
+    maps.write_text(maps.read_text().replace(f" {twin}\n", " \n"))
+    gomp.write_bytes(b"another runtime, same name")
+    assert runtime_libraries(maps) != first
+    assert runtime_libraries(tmp_path / "absent") == {}
+
+
+def test_a_preloaded_openmp_runtime_is_seen_in_a_real_process(tmp_path):
+    """A process that imports torch maps torch's libgomp; with the system's preloaded ahead of it, the
+    system's is mapped too: another content, another engine identity."""
+    system = Path("/usr/lib/x86_64-linux-gnu/libgomp.so.1")
+    if not system.is_file():
+        pytest.skip("no system libgomp here")
+    probe = "import json, torch; from evalgate.fingerprint import runtime_libraries; print(json.dumps(runtime_libraries()))"
+
+    def libraries(**env) -> dict:
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                             env={**os.environ, "EVALGATE_HOME": str(tmp_path), **env})
+        return json.loads(out.stdout.splitlines()[-1])
+
+    plain, preloaded = libraries(), libraries(LD_PRELOAD=str(system))
+    assert any(name.startswith("libgomp") for name in plain)
+    assert preloaded != plain and libraries(LD_PRELOAD=str(system)) == preloaded  # and it is stable
 
 
 @pytest.mark.parametrize("name", ["VLLM_API_KEY", "VLLM_AUTH_HEADER", "NVIDIA_API_TOKEN", "CUDA_SECRET",
