@@ -7,7 +7,7 @@ the database, judges the stored outputs and finishes the run.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from .collector import collector_paused
@@ -15,7 +15,7 @@ from .configuration.policy import GatePolicy
 from .configuration.schedule import ROTATING, Schedule, rotating_problem, with_overrides
 from .configuration.shard import Shard
 from .configuration.suite import Suite
-from .configuration.template_date import recorded_template_date, resolve_template_date
+from .configuration.template_date import dated, recorded_template_date
 from .errors import ConfigError, EngineError, NoBaselineError
 from .execution.request import Progress, RunRequest, Timings
 from .execution.rescore import Rescore
@@ -181,12 +181,6 @@ def create_baseline(suite: Suite, store: Store | str | None = None, *, schedule:
                          labels={"shard_group": _group(shard, group)}, show_engine_output=show_engine_output,
                          rescore=Rescore(own=True))  # a baseline rescores its own tokens: what lets it judge another class
     return execute_and_judge(request, Judging("baseline", allow_variance=allow_variance, shard=shard), progress, timings)
-
-
-def dated(suite: Suite, recorded: str | None = None) -> Suite:
-    """The suite with the date its chat templates render with resolved (configuration/template_date.py):
-    the suite's own, else the one a baseline recorded (`recorded`), else today's."""
-    return replace(suite, template_date=resolve_template_date(suite.template_date, recorded))
 
 
 def _group(shard: Shard | None, group: str | None) -> str | None:

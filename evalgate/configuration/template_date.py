@@ -17,6 +17,7 @@ templates read the real clock, and a rendered prompt that moves is reported as a
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import date, datetime
 
 from ..errors import ConfigError
@@ -65,6 +66,12 @@ def resolve_template_date(setting: str, recorded: str | None = None) -> str:
     if recorded and recorded != WALL_CLOCK:
         return recorded
     return today().isoformat()
+
+
+def dated(suite, recorded: str | None = None):
+    """The suite (a `Suite`) with the date its chat templates render with resolved: its own setting, else the
+    date a baseline recorded (`recorded`), else today's."""
+    return replace(suite, template_date=resolve_template_date(suite.template_date, recorded))
 
 
 def recorded_template_date(fingerprint: dict) -> str | None:
