@@ -415,7 +415,8 @@ class OpenAIEngine(Engine):
         the template is here and reads the calendar. Then the render pinned to the suite's date is what runs:
         its text tokenized by the server, sent as token ids (`pinned_chats`), since a server's template reads
         the server's clock and a request cannot pass it a function."""
-        if self.suite.tokenizer or self.suite.model:
+        # the template is here, unless the server was given another (`chat_template`: it renders with that one)
+        if (self.suite.tokenizer or self.suite.model) and "chat_template" not in self.suite.engine_args:
             text = self.render_chat(prompt)
             if self.template_clock.reads(prompt.key):
                 ids = self.loop.run(self._tokenize({"prompt": text, "add_special_tokens": False},
