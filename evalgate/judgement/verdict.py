@@ -4,7 +4,8 @@
 - silent_regression: differs from the baseline while every identity component is equal. A failure.
 - explained_change: differs from the baseline and some component changed (listed). Not a failure unless
   strict. `suite` explains a request only when that request's own text or sampling changed, `prompt` only
-  when the prompt ids the engine was given changed (prompts.py: a template's date, a renderer upgrade).
+  when, the request unchanged, the prompt ids the engine was given changed (prompts.py: a template's date,
+  a renderer upgrade).
 - new / missing: the key is only in this run / only in the baseline. Not failures unless strict.
 - stable: every pass identical (ids and logprob bits) and equal to the baseline.
 """
@@ -370,11 +371,13 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
         kinds = frozenset(d.kind for _, d, _ in found)
         flip = next((policy.flip_class(d.kind, d.margin) for _, d, _ in found if d.kind == "token"), None)
         explaining = list(changed)
+        moved = None
         if base_request.request_hash != request.request_hash:
-            explaining.append("suite")
-        moved = prompt_change(base_request, request)  # what the engine saw: rendered and tokenized
-        if moved is not None:
-            explaining.append("prompt")
+            explaining.append("suite")  # its own text or sampling changed: its prompt moving follows from that
+        else:
+            moved = prompt_change(base_request, request)  # the same request: did what the engine saw move?
+            if moved is not None:
+                explaining.append("prompt")
         verdict = "explained_change" if explaining else "silent_regression"
         verdicts.append(RequestVerdict(key, verdict, location, divergence, components=explaining, prompt=moved,
                                        passes={"baseline_pass": pair.baseline_pass, "pass": pair.current_pass,

@@ -66,11 +66,12 @@ def test_a_store_behind_the_schema_is_still_migrated_on_open(cli_env, hundred_ru
     """The one-query version check is a shortcut, not a skip: a database one revision behind is upgraded."""
     import sqlite3
 
-    with sqlite3.connect(hundred_runs) as conn:  # as a database two revisions before would read
+    with sqlite3.connect(hundred_runs) as conn:  # as a database three revisions before would read
         conn.execute("update alembic_version set version_num = '0009'")
         conn.execute("drop index ix_outputs_digests")
         conn.execute("create index ix_outputs_run_key on outputs (run_id, request_key)")
         conn.execute("alter table baselines drop column receipt")
+        conn.execute("alter table requests drop column rendered")
     got = started(cli_env, "runs", "list", "--db", str(hundred_runs))
     assert got["code"] == 0 and "alembic" in got["heavy"]
     with sqlite3.connect(hundred_runs) as conn:

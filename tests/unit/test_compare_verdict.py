@@ -214,6 +214,11 @@ def test_a_moved_rendered_prompt_explains_its_request_and_only_its_own():
     assert "Today Date: 01 Mar 2026" in v["a"].prompt.baseline_text and "Today Date: 02 Mar 2026" in v["a"].prompt.text
     assert (v["b"].verdict, v["b"].components, v["b"].prompt) == ("silent_regression", [], None)
     assert report.prompts == {"compared": 2, "equal": 1}
+    # a request whose own text changed: its prompt moving follows from that, and `suite` alone explains it
+    edited = record(3, {"a": passes("a", comp([11, 12, 13, 14, 77])), "b": passes("b", comp(IDS))},
+                    rendered={"a": day2}, request_hashes={"a": "h-edited"})
+    a = by_key(judge(edited, baseline))["a"]
+    assert (a.verdict, a.components, a.prompt) == ("explained_change", ["suite"], None)
     # the stored form reads back whole
     assert RequestVerdict.from_dict(json.loads(json.dumps(v["a"].to_dict()))).prompt == v["a"].prompt
 
