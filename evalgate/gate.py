@@ -339,7 +339,9 @@ def combine(reports: list[Report]) -> Report:
                       changed_components=sorted({c for r in reports for c in r.changed_components}),
                       batch_invariance=first.batch_invariance, strict=first.strict, policy=first.policy,
                       fingerprint_changes={k: v for r in reports for k, v in r.fingerprint_changes.items()},
-                      not_run=[n for r in reports for n in r.not_run])
+                      not_run=[n for r in reports for n in r.not_run], template_date=first.template_date,
+                      prompts={n: sum(r.prompts[n] for r in reports) for n in ("compared", "equal")}
+                      if all(r.prompts for r in reports) else None)
     combined.classes = [{"hardware_class": r.hardware_class, "label": r.hardware_label, "run_id": r.run_id,
                          "baseline_run_id": r.baseline_run_id, "status": r.status, "counts": r.counts,
                          "hardware": r.hardware.to_dict() if r.hardware else None} for r in reports]

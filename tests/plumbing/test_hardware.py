@@ -132,6 +132,7 @@ def test_shards_on_two_hardware_classes_merge_into_one_verdict_per_class(inline_
     proc = inline_cli("check", suite, "--merge", "--group", "g", "--json-report", tmp_path / "m.json", check=0)
     merged = read_json(tmp_path / "m.json")
     assert merged["counts"]["missing"] == 0 and sum(merged["counts"].values()) == 6
+    assert merged["prompts"] == {"compared": 6, "equal": 6}  # every shard's requests, against the one baseline
     own, other = sorted(merged["classes"], key=lambda c: c["hardware"] is not None)
     assert own["hardware"] is None and own["baseline_run_id"] == 1 and own["status"] == "pass"
     assert other["hardware"]["counts"] == shard["hardware"]["counts"] and other["baseline_run_id"] == 1
