@@ -38,7 +38,7 @@ from .configuration.schedule import Schedule
 from .configuration.suite import Suite
 from .engines.base import COMMON_KEYS, INVARIANCE_PLATFORMS
 from .errors import ConfigError, EngineError, EvalgateError, ExitCode, MissingDependency
-from .execution.processes import peak_rss
+from .processes import peak_rss
 from .store import existing_store
 
 COST_SCHEMA = "evalgate.cost/1"

@@ -49,8 +49,8 @@ from pathlib import Path
 from ..configuration.config import resolve_database_url
 from ..configuration.suite import load_suite
 from ..errors import ConfigError, EngineError, EvalgateError
-from ..execution.processes import group_members, is_python, signal_quietly
 from ..judgement.compare import first_divergence
+from ..processes import group_members, is_python, signal_quietly
 from ..store import open_store
 from ..store.db import sqlite_path
 from .ddmin import BudgetExhausted

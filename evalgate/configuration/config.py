@@ -27,6 +27,10 @@ else:  # pragma: no cover
 MAX_SUITE_BYTES = 1 << 20  # 1 MiB
 
 
+# [engine] keys every kind reads; the rest of the table is the kind's own (or passed through to vLLM).
+COMMON_KEYS = frozenset({"kind", "model", "tokenizer", "batch_invariant"})
+
+
 def fail(where: str, message: str, fix: str) -> ConfigError:
     return ConfigError(f"{where}: {message}", fix=fix)
 

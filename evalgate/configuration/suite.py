@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..engines import COMMON_KEYS, engine_class, engine_kinds
 from ..errors import ConfigError
 from ..hashing import digest
+from ..registry import ENGINES, PROBE_PRESETS, PROBES
 from .config import (
+    COMMON_KEYS,
     DEFAULT_DATABASE,
     check_keys,
     evalgate_tables,
@@ -150,20 +151,16 @@ def find_suite(path: str | Path | None = None) -> Path:
 
 def parse_probes(value, where: str, sec: str) -> tuple[str, ...]:
     """`probes = ["needle", "prefill_decode"]` or a preset name (`probes = "vllm"`): evalgate/probes/."""
-    from ..probes import PRESETS, probe_names
-
-    known = probe_names()
-
-    if isinstance(value, str) and value in PRESETS:
-        return PRESETS[value]
+    if isinstance(value, str) and value in PROBE_PRESETS:
+        return PROBE_PRESETS[value]
     names = [value] if isinstance(value, str) else value
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise fail(where, f"`{sec}probes` must be a list of probe names or a preset",
-                   f'e.g. probes = ["needle", "prefill_decode"] or probes = "vllm"; probes: {", ".join(known)}')
+                   f'e.g. probes = ["needle", "prefill_decode"] or probes = "vllm"; probes: {", ".join(PROBES.names())}')
     for name in names:
-        if name not in known:
+        if name not in PROBES:
             raise fail(where, f"`{sec}probes`: unknown probe {name!r}",
-                       f"use one of {', '.join(known)}, or the preset \"vllm\" (all of them)")
+                       f"{PROBES.unknown(name)}, or the preset \"vllm\" (all of them)")
     return tuple(dict.fromkeys(names))
 
 
@@ -191,9 +188,9 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     template_date = parse_template_date(tables["suite"].get("template_date"), where, f"{prefix}suite.template_date")
     sec = f"{prefix}engine."
     kind = typed(tables["engine"], "kind", str, where, sec, default="vllm")
-    engine_cls = engine_class(kind)
-    if engine_cls is None:
-        raise fail(where, f"`{sec}kind` is {kind!r}", f"use one of: {', '.join(engine_kinds())}")
+    if kind not in ENGINES:
+        raise fail(where, f"`{sec}kind` is {kind!r}", ENGINES.unknown(kind))
+    engine_cls = ENGINES.load(kind)
     engine = engine_cls.parse_config(dict(tables["engine"]), root, where, sec)
     sampling = _sampling_table(tables["sampling"], where, f"{prefix}sampling.")
     lm_eval = _lm_eval_config(tables["lm_eval"], root, where, f"{prefix}lm_eval.") if "lm_eval" in data else None
@@ -290,8 +287,6 @@ MOVED_TO_PROBES = {"needle_batch": ("needle", "batch"), "needle_filler_tokens": 
 def _probe_options(schedule_table: dict, probes_table: dict, where: str, prefix: str) -> tuple[tuple, tuple[str, ...]]:
     """[probes.<name>] tables, each parsed by its probe (`Probe.options`), and the `[schedule]` keys that moved
     there: still read, with a note saying where they belong now (a key in both places is refused)."""
-    from ..probes import get_probe, probe_names
-
     tables = {name: dict(table) for name, table in probes_table.items()}
     notes = []
     for old, (probe, key) in MOVED_TO_PROBES.items():
@@ -305,9 +300,9 @@ def _probe_options(schedule_table: dict, probes_table: dict, where: str, prefix:
                          "it is read as before")
     options = []
     for name, table in sorted(tables.items()):
-        probe = get_probe(name)
-        if probe is None:
-            raise fail(where, f"[{prefix}probes.{name}]: unknown probe {name!r}", f"probes: {', '.join(probe_names())}")
+        if name not in PROBES:
+            raise fail(where, f"[{prefix}probes.{name}]: unknown probe {name!r}", PROBES.unknown(name))
+        probe = PROBES.load(name)()
         if not isinstance(table, dict):
             raise fail(where, f"`{prefix}probes.{name}` must be a table", f"write it as [{prefix}probes.{name}]")
         options.append((name, probe.options(table, where, f"{prefix}probes.{name}.")))

@@ -442,3 +442,14 @@ def trace_record(trace: Trace) -> dict[str, Any]:
 
 __all__ = ["DEFAULT_STEP_SECONDS", "Cancel", "Event", "Trace", "TraceRequest", "convert_log", "gated_places",
            "load_trace", "materialize", "parse_trace", "trace_record"]
+
+
+# How a replay places a trace's events (evalgate/execution/replay.py): between engine steps, or at offsets in seconds
+EXACT, TIMED = "step", "timed"
+
+
+def replay_stats(trace: Trace, placement: str) -> dict[str, Any]:
+    """What a replay did: sent, completed, cancelled (as the trace says), failed, and once the last gated
+    request finished, `stopped` (still running: aborted) and `unsent` (not yet due)."""
+    return {"placement": placement, "trace": trace.summary(), "sent": 0, "completed": 0, "cancelled": 0,
+            "failed": 0, "stopped": 0, "unsent": 0, "gated_arrivals": []}

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, MutableMapping
 
 from ..configuration import config
+from ..configuration.config import COMMON_KEYS
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..configuration.template_date import TemplateClock
 from ..errors import ConfigError
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
 
 # Platforms whose vLLM build ships the batch-invariant kernels; elsewhere VLLM_BATCH_INVARIANT=1 is never set.
 INVARIANCE_PLATFORMS = ("cuda", "rocm", "xpu")
-# [engine] keys every kind reads; the rest of the table is the kind's own (or passed through to vLLM).
-COMMON_KEYS = frozenset({"kind", "model", "tokenizer", "batch_invariant"})
 
 
 @dataclass(frozen=True)

@@ -546,7 +546,7 @@ class OpenAIEngine(Engine):
 
     async def _replay(self, trace, requests, prompts, cache_salt, step_seconds):
         from ..configuration.trace import gated_places
-        from ..execution.replay import TimedTraffic
+        from .server_traffic import TimedTraffic
 
         traffic = TimedTraffic(trace, requests, self.send_trace, step_seconds)
         groups: dict[float, list[Prompt]] = {}
@@ -598,7 +598,7 @@ class OpenAIEngine(Engine):
         figures are written into when the pass ends."""
         from contextlib import contextmanager
 
-        from ..execution.traffic import FillerTraffic
+        from .server_traffic import FillerTraffic
 
         @contextmanager
         def loaded():

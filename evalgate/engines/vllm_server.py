@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, EngineError
-from ..execution.processes import set_parent_death_signal
 from ..fingerprint import env_snapshot
+from ..processes import set_parent_death_signal
 from .base import EngineConfig, arrange_batch_invariance
 from .openai_api import VLLM_SERVER_OWN_KEYS, OpenAIEngine, api_key, parse_server_config
 from .vllm_offline import platform_name

@@ -5,7 +5,7 @@ Two placements (docs/traffic.md):
 - **exact** (`step`): the in-process kinds (`vllm`, `fake`) hand over a `StepSession`. Events are added
   between engine steps and aborted by request id, so a replay is the same schedule every time: a request
   arrives at step s, leaves after n tokens or n steps. What wall-clock timing cannot promise.
-- **timed**: the server kinds send each event at its offset in seconds (`TimedTraffic`, on the engine's
+- **timed**: the server kinds send each event at its offset in seconds (`TimedTraffic`, engines/server_traffic.py, on the engine's
   event loop) and the gated requests at their markers' offsets; the achieved arrival skew is recorded.
 
 Traffic outputs are never stored. What the replay did is: `sent`, `completed`, `cancelled`, the running
@@ -14,12 +14,19 @@ count when each gated request arrived, and (timed) the arrival skew.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..configuration.trace import DEFAULT_STEP_SECONDS, Trace, TraceRequest, gated_places, materialize
+from ..configuration.trace import (
+    DEFAULT_STEP_SECONDS,
+    EXACT,
+    TIMED,
+    Trace,
+    TraceRequest,
+    gated_places,
+    materialize,
+    replay_stats,
+)
 from ..errors import EngineError
 from ..probes.base import COMPANION_PREFIX
 
@@ -28,7 +35,6 @@ if TYPE_CHECKING:
     from ..engines import Engine
     from ..records import Completion
 
-EXACT, TIMED = "step", "timed"
 TRAFFIC_PREFIX = f"{COMPANION_PREFIX}trace-"
 MAX_STEPS = 1_000_000  # a replay that has not drained by then is an engine that stopped making progress
 
@@ -67,13 +73,6 @@ class Salts:
 class ReplayResult:
     outputs: dict[str, Completion]
     stats: dict[str, Any] = field(default_factory=dict)
-
-
-def replay_stats(trace: Trace, placement: str) -> dict[str, Any]:
-    """What a replay did: sent, completed, cancelled (as the trace says), failed, and once the last gated
-    request finished, `stopped` (still running: aborted) and `unsent` (not yet due)."""
-    return {"placement": placement, "trace": trace.summary(), "sent": 0, "completed": 0, "cancelled": 0,
-            "failed": 0, "stopped": 0, "unsent": 0, "gated_arrivals": []}
 
 
 def replay(engine: Engine, trace: Trace, prompts: list[Prompt], salts: Salts, *, seed: int = 0,
@@ -162,72 +161,6 @@ def replay_steps(engine: Engine, trace: Trace, gated: list[Prompt], salts: Salts
     if missing:
         raise EngineError(f"the replay ended without finishing gated requests {sorted(missing)[:5]}")
     return ReplayResult({p.key: session.completion(p.key) for p in gated}, stats)
-
-
-class TimedTraffic:
-    """A trace sent at its offsets on a server engine's event loop (timed placement). `send(request)` is the
-    engine's coroutine for one un-retried, un-recorded request; a cancel closes it after its seconds (a
-    `tokens` or `steps` cancel is turned into seconds with `step_seconds`: HTTP cannot count tokens
-    without streaming)."""
-
-    def __init__(self, trace: Trace, requests: list[TraceRequest], send, step_seconds: float = DEFAULT_STEP_SECONDS):
-        self.trace, self.requests, self.send, self.step_seconds = trace, requests, send, step_seconds
-        self.stats = replay_stats(trace, TIMED)
-        self.stats["skew_seconds"] = []
-        self._tasks: list[asyncio.Task] = []
-        self._main: asyncio.Task | None = None
-        self.started = 0.0
-
-    async def start(self) -> None:
-        self.started = time.perf_counter()
-        self._main = asyncio.ensure_future(self._run())
-
-    async def _run(self) -> None:
-        for request in self.requests:
-            delay = request.seconds - (time.perf_counter() - self.started)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            self.stats["skew_seconds"].append(round(time.perf_counter() - self.started - request.seconds, 4))
-            self._tasks.append(asyncio.ensure_future(self._one(request)))
-
-    def _leave_after(self, request: TraceRequest) -> float | None:
-        return request.cancel.leave_seconds(self.step_seconds) if request.cancel is not None else None
-
-    async def _one(self, request: TraceRequest) -> None:
-        self.stats["sent"] += 1
-        leave = self._leave_after(request)
-        try:
-            await asyncio.wait_for(self.send(request), timeout=leave)
-            self.stats["completed"] += 1
-        except asyncio.TimeoutError:
-            self.stats["cancelled"] += 1  # the client left: wait_for closed its connection
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a traffic failure is counted; the gated requests decide the run
-            self.stats["failed"] += 1
-            self.stats["last_error"] = f"{type(exc).__name__}: {exc}"
-
-    async def wait_until(self, seconds: float) -> float:
-        """Sleep until `seconds` into the replay; returns the achieved skew."""
-        delay = seconds - (time.perf_counter() - self.started)
-        if delay > 0:
-            await asyncio.sleep(delay)
-        return round(time.perf_counter() - self.started - seconds, 4)
-
-    async def stop(self) -> dict[str, Any]:
-        """The gated requests are done: send nothing more, close the traffic still running (`stopped`)."""
-        if self._main is not None:
-            self._main.cancel()
-            await asyncio.gather(self._main, return_exceptions=True)
-        running = [t for t in self._tasks if not t.done()]
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        skews = self.stats.pop("skew_seconds")
-        self.stats["stopped"] = len(running)
-        self.stats["unsent"] = len(self.requests) - self.stats["sent"]
-        self.stats["max_skew_seconds"] = max(skews, default=0.0)
-        return dict(self.stats)
 
 
 def total_stats(waves: list[dict[str, Any]]) -> dict[str, Any]:

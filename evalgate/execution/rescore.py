@@ -15,15 +15,11 @@ passes reads it; `Store.load(run_id, rescoring=...)` reads one. A merged run car
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..engines import Engine
 from ..records import Completion, unpack_ids
 from ..store import BASELINE_RESCORING, OWN_RESCORING, Store
-
-if TYPE_CHECKING:
-    from .runner import RunPlan
 
 
 @dataclass(frozen=True)
@@ -82,10 +78,10 @@ def rescoring_prompt(key: str, prompt_ids: list[int], output_ids: list[int]) -> 
                   location="rescoring")
 
 
-def rescore_run(rescore: Rescore, engine: Engine, store: Store, run_id: int, plan: RunPlan,
-                first_pass: dict[str, Completion]) -> None:
-    """The rescorings a run records, on the engine that ran its passes (before a probe replaces it)."""
-    prompt_ids, salt = plan.prompt_ids, plan.salt
+def rescore_run(rescore: Rescore, engine: Engine, store: Store, run_id: int, prompt_ids: dict[str, list[int]],
+                salt: str | None, first_pass: dict[str, Completion]) -> None:
+    """The rescorings a run records, on the engine that ran its passes (before a probe replaces it): the
+    run's requests' prompt ids (key -> ids) under its cache salt."""
     done: dict[str, Completion] = {}
     if rescore.of_run is not None:
         theirs = score(engine, tokens_of_run(store, rescore.of_run, set(prompt_ids)), salt, BASELINE_RESCORING)

@@ -354,7 +354,8 @@ class Recording:
         self.rescored = True
         try:
             with self.timings.phase("rescore"):
-                rescore_run(rescore, self.engine, self.store, self.run_id, self.plan, self.first_pass)
+                rescore_run(rescore, self.engine, self.store, self.run_id, self.plan.prompt_ids, self.plan.salt,
+                            self.first_pass)
         except EngineError as exc:  # the run stands; judging it across hardware then lacks the envelope
             self.dropped.append((None, f"the engine could not score the tokens: {exc.message}"))
 

@@ -9,11 +9,7 @@ whatever the pass's traffic. `traffic_for` chooses; the runner never branches on
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import random
-import string
-import time
 from typing import TYPE_CHECKING, Any
 
 from ..configuration.trace import DEFAULT_STEP_SECONDS, Trace
@@ -100,76 +96,3 @@ def traffic_for(pass_: Pass, schedule: Schedule, trace: Trace | None) -> Traffic
     if not load.applies(pass_.concurrency) or pass_.probe:
         return Plain(load.seed, load.step_seconds)
     return Replay(trace, load.seed, load.step_seconds) if trace is not None else Filler(load)
-
-
-def filler_prompt(rng: random.Random, words: int) -> str:
-    return " ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 8))) for _ in range(words))
-
-
-class FillerTraffic:
-    """Filler traffic on a server engine's event loop. `send(prompt, max_tokens)` is the engine's coroutine that
-    sends one un-retried, un-recorded completion request; `running()` returns the server's count of running
-    requests (from /metrics) or None when it cannot tell."""
-
-    def __init__(self, load: Load, pass_index: int, send, running):
-        self.load = load
-        self.rng = random.Random(load.seed * 1_000_003 + pass_index)
-        self.send, self.running = send, running
-        self.stats: dict[str, Any] = {"filler": load.filler, "rate": load.rate, "sent": 0, "completed": 0,
-                                      "failed": 0, "running_at_start": None, "warmup_seconds": 0.0}
-        self.last_error: str | None = None
-        self._tasks: set[asyncio.Task] = set()
-        self._main: asyncio.Task | None = None
-
-    async def start(self) -> None:
-        """Start the filler and wait (up to `warmup` s) until the server reports it running."""
-        self._main = asyncio.ensure_future(self._closed_loop() if self.load.rate == 0 else self._open_loop())
-        t0 = time.perf_counter()
-        target = self.load.filler if self.load.rate == 0 else 1
-        while time.perf_counter() - t0 < self.load.warmup:
-            await asyncio.sleep(0.1)
-            running = await self.running()
-            if running is None:  # no /metrics: give the requests a moment to reach the scheduler
-                await asyncio.sleep(0.5)
-                break
-            self.stats["running_at_start"] = running
-            if running >= target or self.stats["failed"]:
-                break
-        self.stats["warmup_seconds"] = round(time.perf_counter() - t0, 3)
-
-    async def stop(self) -> dict[str, Any]:
-        tasks = [t for t in (self._main, *self._tasks) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if self.last_error:
-            self.stats["last_error"] = self.last_error
-        return dict(self.stats)
-
-    async def _one(self) -> None:
-        prompt = filler_prompt(self.rng, self.load.filler_prompt_words)
-        self.stats["sent"] += 1
-        try:
-            await self.send(prompt, self.load.filler_max_tokens)
-            self.stats["completed"] += 1
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a filler failure is counted; the suite's own requests decide the run
-            self.stats["failed"] += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            await asyncio.sleep(0.2)  # a failing server is not hammered
-
-    async def _closed_loop(self) -> None:
-        async def worker():
-            while True:
-                await self._one()
-
-        await asyncio.gather(*(worker() for _ in range(self.load.filler)))
-
-    async def _open_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.rng.expovariate(self.load.rate))
-            if len(self._tasks) < self.load.filler:
-                task = asyncio.ensure_future(self._one())
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from ..errors import ConfigError, EngineError, EvalgateError, error_for_exit_code
 from ..owners import current_owner
-from .processes import set_parent_death_signal
+from ..processes import set_parent_death_signal
 from .request import Progress, RunRequest, RunResult, Timings
 from .runner import execute_suite
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import cache
 
 from ..configuration.schedule import RENAMED_FACTORS, Pass
-from ..probes import get_probe, probe_names
+from ..probes import PROBES, get_probe
 
 BATCH_REMEDY = "batch invariance (batch_invariant = true on CUDA/ROCm/XPU) or engine.max_num_seqs = 1"
 
@@ -30,9 +30,9 @@ SCHEDULE_FACTORS = {
 def factor_table() -> dict[str, tuple[str, str, bool]]:
     """factor -> (words, remedy, batch factor): the schedule's, then those the registered probes introduce."""
     table = dict(SCHEDULE_FACTORS)
-    for name in probe_names():
+    for name in PROBES.names():
         probe = get_probe(name)
-        if probe is not None and probe.words:
+        if probe.words:
             table.setdefault(probe.factor, (probe.words, probe.remedy or "", probe.batch_factor))
     return table
 
@@ -60,7 +60,8 @@ def is_batch_factor(factor: str | None) -> bool:
 
 def comparison_label(reference: Pass, other: Pass) -> str:
     """`batch size 1→8`: what changed from the reference pass to this one, for people."""
-    probe = get_probe(other.probe) if other.probe else None
+    # a run recorded with a probe no longer installed is labelled by its factor
+    probe = get_probe(other.probe) if other.probe in PROBES else None
     if probe is not None:
         return probe.label(reference, other)
     if other.factor == "batch_size":

@@ -13,18 +13,15 @@ Third parties add probes through the `evalgate.probes` entry-point group, as eng
 from __future__ import annotations
 
 import json
-import pkgutil
 from dataclasses import replace
 from functools import cache
 
 from ..configuration.schedule import Pass
-from ..registry import Registry
+from ..registry import PROBE_PRESETS, PROBES
 from .base import COMPANION_PREFIX, PlanContext, Probe, Wave, WaveContext
 
-# vLLM's determinism scenarios, in the order their passes are planned (own engines last in any case)
-PRESETS = {"vllm": ("batch_edges", "needle", "prefix_cache", "prefill_decode", "chunked_prefill", "preemption")}
-BUILTIN_PROBES = {m.name: f"{__name__}.{m.name}:PROBE" for m in pkgutil.iter_modules(__path__) if m.name != "base"}
-PROBES = Registry("evalgate.probes", BUILTIN_PROBES)
+PRESETS = PROBE_PRESETS
+BUILTIN_PROBES = PROBES.builtin  # the name tables live on the ground floor (evalgate/registry.py)
 
 
 def probe_names() -> tuple[str, ...]:
@@ -33,9 +30,8 @@ def probe_names() -> tuple[str, ...]:
 
 @cache
 def get_probe(name: str) -> Probe | None:
-    """The probe registered as `name` (one instance per process), or None when none is."""
-    cls = PROBES.load(name)
-    return cls() if cls is not None else None
+    """The probe registered as `name` (one instance per process); an unknown name is a ConfigError."""
+    return PROBES.load(name)()
 
 
 def plan_probes(names: tuple[str, ...], context: PlanContext) -> tuple[list[Pass], list[dict]]:

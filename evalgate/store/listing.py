@@ -85,6 +85,11 @@ def shown_status(status: str, owner: dict | None) -> str:
     return status
 
 
+def display_status(run) -> str:
+    """A stored run's status for people (`shown_status` of its row)."""
+    return shown_status(run.status, run.owner)
+
+
 def lineage(receipt: dict | None) -> str:
     """`adopted from run 3 (AMD EPYC ...): 20 of 24 identical, drift 4, ...`: a baseline's proof, or `recorded here`."""
     if not receipt:
@@ -144,13 +149,9 @@ def _core_select(url: str, sql: str, params: dict) -> list[tuple]:
     """The rows through SQLAlchemy Core, on a database at the newest schema (opened first if it is not)."""
     import sqlalchemy as sa
 
-    from .db import make_engine, schema_version
+    from .db import make_engine, migrate
 
     engine = make_engine(url)
-    if schema_version(engine) != SCHEMA_HEAD:
-        from .store import open_store
-
-        engine.dispose()
-        engine = open_store(url, create=False).database
+    migrate(engine, url)  # as every command opens it: migrated, or refused with the reason
     with engine.connect() as conn:
         return [tuple(row) for row in conn.execute(sa.text(sql), params)]

@@ -52,7 +52,7 @@ class Run(Base):
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
     # The process that finishes the run (host, pid, start time): a `running` run whose owner is gone is
-    # shown as `abandoned` (evalgate/store/runs.py display_status). NULL for runs stored before 0007.
+    # shown as `abandoned` (evalgate/store/listing.py display_status). NULL for runs stored before 0007.
     owner: Mapped[dict | None] = mapped_column(JSON)
     engine_log: Mapped[str | None] = mapped_column(Text)  # the engine process's log file, if it had one
 

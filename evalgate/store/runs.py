@@ -2,7 +2,7 @@
 
 A run row is written first with status `running` (and its owner process); outputs are added pass by
 pass; `finish_run` writes the verdicts and marks it complete in one transaction. A `running` run whose
-owner is gone is shown as `abandoned` (`display_status`), and like every incomplete run it can never
+owner is gone is shown as `abandoned` (listing.py `display_status`), and like every incomplete run it can never
 become a baseline.
 """
 
@@ -17,7 +17,6 @@ from ..fingerprint import fingerprint_hash
 from ..owners import current_owner
 from ..records import Completion, EncodedPass, encode_pass, pack_ids
 from .base import StoreBase
-from .listing import shown_status
 from .loaded import RunRecord, load_run
 from .models import Fingerprint, Output, Payload, Request, Run, Verdict, utcnow
 
@@ -25,11 +24,6 @@ OUTPUT_COLUMNS = ("run_id", "request_key", "pass_index", "concurrency", "wave", 
                   "cached_tokens", "payload_hash")
 REQUEST_COLUMNS = ("run_id", "key", "request_hash", "prompt", "prompt_ids", "sampling", "location", "request_type",
                    "rendered")
-
-
-def display_status(run: Run) -> str:
-    """The run's status for people: `abandoned` for a `running` run whose owner process is gone."""
-    return shown_status(run.status, run.owner)
 
 
 class RunStore(StoreBase):

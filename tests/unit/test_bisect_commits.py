@@ -13,7 +13,7 @@ import pytest
 from helpers import write_suite
 
 from evalgate.bisect.commits import _FIRST_BAD, SKIP, STOP, CommitsResult, _skipped_candidates, step
-from evalgate.execution.processes import group_members
+from evalgate.processes import group_members
 from evalgate.store import open_store
 
 A, B = "a" * 40, "b" * 40

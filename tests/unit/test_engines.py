@@ -20,7 +20,17 @@ def test_every_builtin_kind_is_an_engine_class_of_that_kind():
     for kind in BUILTIN_ENGINES:
         cls = engine_class(kind)
         assert issubclass(cls, Engine) and cls.kind == kind
-    assert engine_class("no-such-kind") is None
+    with pytest.raises(ConfigError, match="unknown engine kind 'vlm'") as err:
+        engine_class("vlm")
+    assert "did you mean 'vllm'?" in err.value.fix and "fake" in err.value.fix  # the one message: closest, then all
+
+
+def test_a_registered_name_must_be_a_subclass_of_the_base(monkeypatch):
+    """The registry checks what an entry point names, as lm-eval's does: a class that is not an Engine is refused."""
+    point = metadata.EntryPoint(name="wrong", value="evalgate.probes.needle:PROBE", group="evalgate.engines")
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [point] if group == "evalgate.engines" else [])
+    with pytest.raises(ConfigError, match=r"engine kind 'wrong' \(evalgate.probes.needle:PROBE\) is not a subclass"):
+        engine_class("wrong")
 
 
 def test_a_plugin_kind_from_the_entry_point_group(monkeypatch, tmp_path):

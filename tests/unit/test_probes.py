@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from evalgate.configuration.schedule import HOT, Pass, Schedule, plan_passes
+from evalgate.errors import ConfigError
+from evalgate.errors import ConfigError
 from evalgate.judgement.factors import SCHEDULE_FACTORS, comparison_label, factor_table, is_batch_factor, remedy, words
 from evalgate.probes import BUILTIN_PROBES, PRESETS, PlanContext, Probe, get_probe, plan_probes, probe_names
 
@@ -22,7 +24,9 @@ def test_every_builtin_probe_is_its_module_and_its_factor_has_words_and_a_remedy
 def test_presets_name_registered_probes_and_unknown_names_are_none():
     assert all(set(names) <= set(BUILTIN_PROBES) for names in PRESETS.values())
     assert set(BUILTIN_PROBES) <= set(probe_names())
-    assert get_probe("no-such-probe") is None
+    with pytest.raises(ConfigError, match="unknown probe 'neddle'") as err:
+        get_probe("neddle")
+    assert "did you mean 'needle'?" in err.value.fix
     assert is_batch_factor("neighbours") and is_batch_factor("batch_size") and not is_batch_factor("prefix_cache")
 
 
