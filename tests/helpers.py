@@ -343,3 +343,14 @@ def run_chromium(exe: str, profile: Path, url: str, *args: str) -> subprocess.Co
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
+
+
+def migration(revision: str):
+    """A migration module of migrations/versions/ by its revision (`"0009"`): the encodings it alone knows."""
+    import importlib.util
+
+    path = next((Path(__file__).resolve().parents[1] / "migrations" / "versions").glob(f"{revision}_*.py"))
+    spec = importlib.util.spec_from_file_location(f"evalgate_migration_{revision}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

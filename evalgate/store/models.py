@@ -76,7 +76,7 @@ class Request(Base):
 
 class Payload(Base):
     """What an output is (ids, logprobs, top-k, texts), content-addressed: the passes and runs that produced
-    the same output share one row. Encoding: evalgate/records.py `encode_payload`, docs/storage.md."""
+    the same output share one row. Encoding: evalgate/records/payload.py `encode_payload`, docs/storage.md."""
 
     __tablename__ = "payloads"
     hash: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -84,7 +84,7 @@ class Payload(Base):
 
 
 class Output(Base):
-    """One request in one pass: where it ran, its digest (records.py) and its payload."""
+    """One request in one pass: where it ran, its digest (records/packing.py) and its payload."""
 
     __tablename__ = "outputs"
     # covers what a judgement reads first (evalgate/store/loaded.py): a run's digests never visit a table row

@@ -1,5 +1,5 @@
 """outputs keep their tokens in content-addressed payloads: one `payloads` row per distinct output, shared by
-every pass and run that produced it (evalgate/records.py `encode_payload`). Digests are unchanged, so
+every pass and run that produced it (evalgate/records/payload.py `encode_payload`). Digests are unchanged, so
 runs stored before this compare with runs stored after it.
 
 Revision ID: 0009
@@ -21,6 +21,33 @@ CHUNK = 2000
 # The columns 0001 gave outputs for their tokens (int32 / float64 arrays, docs/storage.md before 0009).
 OLD_COLUMNS = {"output_ids": sa.LargeBinary, "logprobs": sa.LargeBinary, "top_k": sa.Integer,
                "top_ids": sa.LargeBinary, "top_logprobs": sa.LargeBinary, "token_texts": sa.JSON, "text": NulSafeText}
+
+
+def pack_top(completion: Completion) -> tuple[int, bytes, bytes]:
+    """A completion's top-k in the 0001 encoding (columns top_k, top_ids, top_logprobs): rows padded to k with
+    id -1 and logprob -inf, as int32 / float64 arrays. Written by `downgrade`."""
+    rows = list(zip(*completion.top_rows()))
+    k = max((len(ids) for ids, _ in rows), default=0)
+    ids: list[int] = []
+    lps: list[float] = []
+    for row_ids, row_lps in rows:
+        pad = k - len(row_ids)
+        ids += row_ids + [-1] * pad
+        lps += row_lps + [float("-inf")] * pad
+    return k, pack_ids(ids), pack_floats(lps)
+
+
+def unpack_top(k: int, ids_blob: bytes, lps_blob: bytes) -> tuple[list[list[int]], list[list[float]]]:
+    """The rows of a top-k in the 0001 encoding (`pack_top`), padding dropped. Read by `upgrade`."""
+    ids, lps = unpack_ids(ids_blob), unpack_floats(lps_blob)
+    if k == 0:
+        return [], []
+    rows_ids = [ids[i : i + k] for i in range(0, len(ids), k)]
+    rows_lps = [lps[i : i + k] for i in range(0, len(lps), k)]
+    return (
+        [[t for t in row if t != -1] for row in rows_ids],
+        [[v for t, v in zip(ri, rl) if t != -1] for ri, rl in zip(rows_ids, rows_lps)],
+    )
 
 
 def _outputs(*columns):
@@ -46,7 +73,7 @@ def upgrade() -> None:
             break
         new_payloads, hashes = [], []
         for row in rows:
-            top_ids, top_lps = Completion.unpack_top(row.top_k, row.top_ids, row.top_logprobs)
+            top_ids, top_lps = unpack_top(row.top_k, row.top_ids, row.top_logprobs)
             completion = Completion(key="", prompt_ids=[], output_ids=unpack_ids(row.output_ids),
                                     logprobs=unpack_floats(row.logprobs), top_ids=top_ids, top_logprobs=top_lps,
                                     token_texts=list(row.token_texts or []), text=row.text or "", finish_reason="")
@@ -79,7 +106,7 @@ def downgrade() -> None:
         ids, lps, top_ids, top_lps, token_texts, text = decode_payload(bytes(row.data))
         completion = Completion(key="", prompt_ids=[], output_ids=ids, logprobs=lps, top_ids=top_ids,
                                 top_logprobs=top_lps, token_texts=token_texts, text=text, finish_reason="")
-        k, top_ids_blob, top_lps_blob = completion.pack_top()
+        k, top_ids_blob, top_lps_blob = pack_top(completion)
         conn.execute(old.update().where(old.c.id == row.id).values(
             output_ids=pack_ids(ids), logprobs=pack_floats(lps), top_k=k, top_ids=top_ids_blob,
             top_logprobs=top_lps_blob, token_texts=token_texts, text=text))

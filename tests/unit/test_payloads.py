@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 from alembic import command
+from helpers import migration
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,8 @@ from evalgate.judgement.verdict import judge
 from evalgate.records import Completion, StoredCompletion, decode_payload, encode_payload, pack_floats, pack_ids
 from evalgate.store import Store
 from evalgate.store.db import _alembic_config
+
+OLD_ENCODING = migration("0009")  # the 0001 top-k encoding, which only that migration reads and writes
 
 
 def bits(values) -> list[bytes]:
@@ -240,7 +243,7 @@ def test_a_database_written_before_payloads_upgrades_and_compares_with_new_runs(
                           "ids": pack_ids([1, 2])})
         for completions in outputs_of(base):  # the 0001 encoding: int32 ids, float64 logprobs, padded top-k
             for c in completions:
-                k, top_ids, top_lps = c.pack_top()
+                k, top_ids, top_lps = OLD_ENCODING.pack_top(c)
                 conn.execute(sa.text(
                     "insert into outputs (run_id, request_key, pass_index, concurrency, wave, position, output_ids,"
                     " logprobs, top_k, top_ids, top_logprobs, token_texts, text, finish_reason, digest) values "

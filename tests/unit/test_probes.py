@@ -6,7 +6,6 @@ import pytest
 
 from evalgate.configuration.schedule import HOT, Pass, Schedule, plan_passes
 from evalgate.errors import ConfigError
-from evalgate.errors import ConfigError
 from evalgate.judgement.factors import SCHEDULE_FACTORS, comparison_label, factor_table, is_batch_factor, remedy, words
 from evalgate.probes import BUILTIN_PROBES, PRESETS, PlanContext, Probe, get_probe, plan_probes, probe_names
 

@@ -1,4 +1,4 @@
-"""The packed storage encoding of token-level records (evalgate/records.py, docs/storage.md)."""
+"""The packed storage encoding of token-level records (evalgate/records/, docs/storage.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import math
 import struct
 
 import pytest
+from helpers import migration
 
 from evalgate.records import (
     Completion,
@@ -16,6 +17,8 @@ from evalgate.records import (
     unpack_floats,
     unpack_ids,
 )
+
+OLD_ENCODING = migration("0009")  # the 0001 top-k encoding, which only that migration reads and writes
 
 TRICKY_FLOATS = [
     0.0, -0.0, 1.0, -1.0, -1e-7, float("inf"), float("-inf"),
@@ -151,28 +154,28 @@ def test_top_k_packing_pads_with_minus_one_and_minus_inf():
     c = make([3, 4, 5], [-0.1, -0.2, -0.3],
              top_ids=[[3, 9, 8], [4], [5, 7]],
              top_logprobs=[[-0.1, -2.0, -3.0], [-0.2], [-0.3, -5e-324]])
-    k, ids_blob, lps_blob = c.pack_top()
+    k, ids_blob, lps_blob = OLD_ENCODING.pack_top(c)
     assert k == 3
     assert unpack_ids(ids_blob) == [3, 9, 8, 4, -1, -1, 5, 7, -1]
     lps = unpack_floats(lps_blob)
     assert lps[3] == -0.2 and lps[4] == lps[5] == lps[8] == float("-inf")
     assert len(ids_blob) == 4 * 9 and len(lps_blob) == 8 * 9
-    top_ids, top_lps = Completion.unpack_top(k, ids_blob, lps_blob)
+    top_ids, top_lps = OLD_ENCODING.unpack_top(k, ids_blob, lps_blob)
     assert top_ids == c.top_rows()[0]
     assert [[bits(x) for x in row] for row in top_lps] == [[bits(x) for x in row] for row in c.top_rows()[1]]
 
 
 def test_top_k_keeps_a_real_minus_inf_logprob():
     c = make([3], [-0.1], top_ids=[[3, 4]], top_logprobs=[[-0.1, float("-inf")]])
-    top_ids, top_lps = Completion.unpack_top(*c.pack_top())
+    top_ids, top_lps = OLD_ENCODING.unpack_top(*OLD_ENCODING.pack_top(c))
     assert top_ids == [[3, 4]] and top_lps == [[-0.1, float("-inf")]]
 
 
 def test_top_k_empty():
     c = make([], [], top_ids=[], top_logprobs=[])
-    k, ids_blob, lps_blob = c.pack_top()
+    k, ids_blob, lps_blob = OLD_ENCODING.pack_top(c)
     assert (k, ids_blob, lps_blob) == (0, b"", b"")
-    assert Completion.unpack_top(k, ids_blob, lps_blob) == ([], [])
+    assert OLD_ENCODING.unpack_top(k, ids_blob, lps_blob) == ([], [])
 
 
 # --- margin ----------------------------------------------------------------------------------------------
