@@ -2,8 +2,8 @@
 
 Synthetic records shaped like vLLM's (ids below a 49,152-token vocabulary, float32 logprobs, top-5), handed
 to the public `Store` the way this evalgate's engines hand them over (arrays; lists for an evalgate from
-before arrays), and judged with `gate.judge_runs`, what `evalgate check` runs. Prints measured figures; not
-a test. `benchmarks/before_after.py` runs it on two checkouts side by side (`make bench`).
+before arrays), and judged with `judgement.judging.judge_stored` (`gate.judge_runs` before it), what
+`evalgate check` runs. Prints measured figures; not a test. `benchmarks/before_after.py` runs it on two checkouts side by side (`make bench`).
 
     .venv/bin/python benchmarks/store_speed.py [--requests 5000] [--passes 3] [--tokens 64] [--top-k 5] [--trials 3] [--json]
 
@@ -79,8 +79,18 @@ def fingerprint(suite) -> dict:
 
 def measure(args, distinct: bool) -> dict:
     import evalgate.records
-    from evalgate import gate
     from evalgate.store import Store
+
+    try:  # this tree: the one judging pipeline
+        from evalgate.judgement.judging import Judging, judge_stored
+
+        def judge_runs(store, run_id, baseline_id):
+            return judge_stored(store, run_id, baseline_id, Judging("check"))
+    except ImportError:  # an evalgate from before it
+        from evalgate import gate
+
+        def judge_runs(store, run_id, baseline_id):
+            return gate.judge_runs(store, run_id, baseline_id, kind="check")
 
     work = Path(tempfile.mkdtemp(prefix="evalgate-store-bench-"))
     suite = suite_for(work, args.requests, args.tokens)
@@ -111,7 +121,7 @@ def measure(args, distinct: bool) -> dict:
     for _ in range(3):
         fresh = Store(f"sqlite:///{db}")  # nothing cached from the writes
         start = time.perf_counter()
-        report = gate.judge_runs(fresh, run_ids[1], run_ids[0], kind="check")
+        report = judge_runs(fresh, run_ids[1], run_ids[0])
         judged.append(time.perf_counter() - start)
         fresh.database.dispose()
     store.database.dispose()
@@ -146,7 +156,7 @@ def main() -> None:
     for name, value in figures.items():
         print(f"  {name:45} {value:>14,.3f}")
     print("(write: storing one run, requests and every pass; 2nd write: the check, whose outputs equal the "
-          "baseline's; load+judge: gate.judge_runs of the check against the baseline, best of 3, in a fresh store; "
+          "baseline's; load+judge: judge_stored of the check against the baseline, best of 3, in a fresh store; "
           "bytes/token: database files / tokens of both runs)")
 
 

@@ -10,6 +10,7 @@ The library's front door; the `evalgate` command wraps the same functions:
     print(report.status, report.counts)              # "pass", {"stable": 12, "batch_variance": 0, ...}
     store = evalgate.open_store(suite.database)
     diff = evalgate.compare_runs(store, 3, 7)         # judge run 7 against run 3
+    report = evalgate.stored_report(store, 7)         # the report stored with run 7, read back whole
     found = evalgate.fuzz("evalgate.toml", budget=600)  # traffic that changes an output, shrunk (FuzzResult)
 
     from evalgate.survey import survey, machine_table  # what varies here (a run that is never a baseline)
@@ -30,13 +31,14 @@ _FRONT_DOOR = {
     "create_baseline": "evalgate.gate",
     "check": "evalgate.gate",
     "merge": "evalgate.gate",
-    "accept": "evalgate.gate",
-    "adopt_run": "evalgate.gate",
-    "compare_runs": "evalgate.gate",
+    "accept": "evalgate.baselines",
+    "adopt_run": "evalgate.baselines",
+    "compare_runs": "evalgate.judgement.judging",
     "open_store": "evalgate.store",
     "Store": "evalgate.store",
-    "Report": "evalgate.judgement.verdict",
-    "judge": "evalgate.judgement.verdict",
+    "Report": "evalgate.judgement.report",
+    "judge_run": "evalgate.judgement.judging",
+    "stored_report": "evalgate.judgement.judging",
     "fuzz": "evalgate.bisect.fuzz",
     "load_trace": "evalgate.configuration.trace",
 }

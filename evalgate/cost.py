@@ -563,7 +563,7 @@ def _measure(suite: Suite, candidate: Candidate, index: int, count: int, schedul
              listener: Listener, walls: list[float]) -> CandidateResult:
     from .execution.request import RunRequest
     from .execution.worker import execute_in_worker
-    from .judgement.verdict import judge
+    from .judgement.judging import Judging, judge_run
     from .store import open_store
 
     started = time.perf_counter()
@@ -591,7 +591,7 @@ def _measure(suite: Suite, candidate: Candidate, index: int, count: int, schedul
     store = open_store(url)
     try:
         record = store.load(run_id)
-        judged = judge(record, None, kind=RUN_KIND)
+        judged = judge_run(record, None, Judging(RUN_KIND))
         differing = judged.counts["batch_variance"]
         engine = record.fingerprint.get("engine", {}).get("data", {})
         invariance = dict(engine.get("batch_invariance") or {})

@@ -59,9 +59,11 @@ class SuiteRun:
     def get(self):
         if self.report is None and self.error is None:
             from . import gate
+            from .configuration.schedule import with_overrides
 
             levels = self.config.getoption("evalgate_concurrency")
-            schedule = gate.resolve_schedule(self.suite, [int(x) for x in levels.split(",")] if levels else None)
+            schedule = with_overrides(self.suite.schedule, [int(x) for x in levels.split(",")] if levels else None,
+                                      where=str(self.suite.path))
             try:
                 self.report = gate.check(self.suite, schedule=schedule,
                                          strict=self.config.getoption("evalgate_strict"))

@@ -17,8 +17,9 @@ from pathlib import Path
 from .configuration.schedule import FULL, Schedule
 from .configuration.suite import Suite
 from .execution.request import Progress, RunRequest, Timings
-from .gate import Judging, execute_and_judge, suite_database
-from .judgement.verdict import Report
+from .gate import execute_and_judge, suite_database
+from .judgement.judging import Judging
+from .judgement.report import Report
 from .store import existing_store
 
 SURVEY_KIND = "survey"
@@ -42,7 +43,7 @@ def survey(suite: Suite, store=None, *, schedule: Schedule | None = None, probes
     schedule = schedule or suite.schedule
     schedule = dataclasses.replace(schedule, preset=FULL, probes=schedule.probes if probes is None else probes)
     request = RunRequest(suite, url, SURVEY_KIND, schedule, show_engine_output=show_engine_output)
-    return execute_and_judge(request, Judging(SURVEY_KIND), progress, timings)
+    return execute_and_judge(request, Judging(SURVEY_KIND), progress=progress, timings=timings)
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,7 @@ def _infra_outputs(exc: BaseException, kind: str, suite_name: str, junit, starte
 
 def _run(kind: str, suite_file, options: RunOptions, **kwargs):
     from .. import gate
+    from ..configuration.schedule import with_overrides
     from ..configuration.shard import parse_shard
     from ..configuration.suite import find_suite, load_suite, with_fail_on
     from ..reports import github
@@ -105,7 +106,7 @@ def _run(kind: str, suite_file, options: RunOptions, **kwargs):
     show_notes(suite)
     if fail_on is not None:
         suite = with_fail_on(suite, fail_on)
-    schedule = gate.resolve_schedule(suite, parse_levels(concurrency), shuffles, repeats)
+    schedule = with_overrides(suite.schedule, parse_levels(concurrency), shuffles, repeats, where=str(suite.path))
     if merge and (shard or not group):
         raise typer.BadParameter("--merge needs --group and no --shard", param_hint="--merge")
     try:

@@ -59,13 +59,13 @@ def runs_history(suite: Optional[str] = typer.Argument(None, help="A suite file,
         raise typer.BadParameter("no ./evalgate.toml: name a suite file or a suite", param_hint="SUITE")
     rows = history_rows(url, name, limit)
     if json_out:
-        print_json(rows)
+        print_json([r.to_dict() for r in rows])
         return
     print_table(["run", "finished", "kind", "verdict", "counts", "changed", "metrics"],
-                [[str(r["run"]), r["finished"] or "", r["kind"], r["verdict"] or "",
-                  ", ".join(f"{k} {v}" for k, v in r["counts"].items()),
-                  "?" if r["changed"] is None else ", ".join(r["changed"]) or "-",
-                  "?" if r["metrics"] is None else "; ".join(metric_text(m) for m in r["metrics"])]
+                [[str(r.run), r.finished or "", r.kind, r.verdict or "",
+                  ", ".join(f"{k} {v}" for k, v in r.counts.items()),
+                  "?" if r.changed is None else ", ".join(r.changed) or "-",
+                  "?" if r.metrics is None else "; ".join(metric_text(m) for m in r.metrics)]
                  for r in rows])
 
 
@@ -81,7 +81,7 @@ def metric_text(m: dict) -> str:
 def runs_show(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt,
               json_out: bool = typer.Option(False, "--json", help="Print the run as JSON")):
     """Show one run: status, schedule, fingerprint components, and its stored report (verdicts, factors)."""
-    from ..gate import stored_report
+    from ..judgement.judging import stored_report
     from ..reports.terminal import render_report
     from ..store import display_status
 
@@ -97,10 +97,11 @@ def runs_show(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = Su
         "fingerprint": {name: comp["hash"][:16] for name, comp in record.fingerprint.items()},
         "engine": record.fingerprint.get("engine", {}).get("data"),
         "requests": len(record.requests), "outputs": sum(len(v) for v in record.outputs.values()),
-        "verdicts": store.verdicts(run_id),
         "scores": [{"task": sc.task, "metric": sc.metric, "value": sc.value, "stderr": sc.stderr}
                    for sc in store.load_scores(run_id)[0]],
+        # the stored report holds the verdicts of the requests that differ; a run never judged has only its rows
         "report": report.to_dict() if report is not None else None,
+        **({} if report is not None else {"verdicts": store.verdicts(run_id)}),
     }
     if json_out:
         console.print_json(json.dumps(info, default=str))
@@ -121,10 +122,10 @@ def runs_show(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = Su
 @handled
 def baseline_accept(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt):
     """Promote a complete run to be the baseline of its suite on its hardware class."""
-    from .. import gate
+    from .. import baselines
 
     store = open_store_for(db, suite)
-    run = gate.accept(store, run_id)
+    run = baselines.accept(store, run_id)
     console.print(f"run {run.id} is now the baseline for suite {run.suite_name!r} (hardware {run.hardware_class[:12]})")
 
 
@@ -132,10 +133,10 @@ def baseline_accept(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path
 def baseline_adopt(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt):
     """Make a check judged against another hardware class's baseline, with no confident flip, the baseline of
     its own class; its receipt (against which run and class, counts, envelope) shows in `baseline list`."""
-    from .. import gate
+    from .. import baselines
 
     store = open_store_for(db, suite)
-    run = gate.adopt_run(store, run_id)
+    run = baselines.adopt_run(store, run_id)
     console.print(f"run {run.id} is now the baseline for suite {run.suite_name!r} on hardware {run.hardware_class[:12]}, "
                   f"adopted by proof against run {run.baseline_run_id}")
 
@@ -159,12 +160,12 @@ def baseline_list(db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt, j
 def diff(run_a: int, run_b: int, db: Optional[str] = DbOpt, suite: Optional[Path] = SuiteOpt,
          json_report: Optional[Path] = typer.Option(None, "--json-report", help="Also write the diff as JSON")):
     """Compare two runs: fingerprint components that differ, then per-request differences (B against A)."""
-    from .. import gate
+    from ..judgement.judging import compare_runs
     from ..reports.json_report import write_json
     from ..reports.terminal import render_report
 
     store = open_store_for(db, suite)
-    report = gate.compare_runs(store, run_a, run_b)
+    report = compare_runs(store, run_a, run_b)
     changes = report.fingerprint_changes
     render_report(console, report, changes)
     if json_report:

@@ -24,13 +24,13 @@ def survey(suite_file: Optional[Path] = SuiteArg,
            verbose: bool = VerboseOpt):
     """Run the suite's comparisons and print what varies on this machine (and what removes it). The run is
     stored as a survey: it never becomes a baseline and no baseline is read. Exit 0 when it ran."""
-    from .. import gate
+    from ..configuration.schedule import with_overrides
     from ..configuration.suite import find_suite, load_suite, parse_probes
     from ..survey import survey as run_survey
 
     suite = load_suite(find_suite(suite_file), database=db)
     show_notes(suite)
-    schedule = gate.resolve_schedule(suite, parse_levels(concurrency), shuffles)
+    schedule = with_overrides(suite.schedule, parse_levels(concurrency), shuffles, where=str(suite.path))
     chosen = None
     if probes is not None:
         names = [name.strip() for name in probes.split(",") if name.strip()]

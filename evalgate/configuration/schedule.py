@@ -29,6 +29,8 @@ import random
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING
 
+from ..errors import ConfigError
+
 if TYPE_CHECKING:
     from .load import Load
 
@@ -205,10 +207,18 @@ def waves(keys: list[str], pass_: Pass) -> list[list[str]]:
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
-def with_overrides(schedule: Schedule, concurrency=None, shuffles=None, repeats=None) -> Schedule:
-    return replace(
+def with_overrides(schedule: Schedule, concurrency=None, shuffles=None, repeats=None, *,
+                   where: str | None = None) -> Schedule:
+    """The schedule with the command line's --concurrency, --shuffles and --repeats; with `where` (the suite
+    file), an override the rotating preset cannot take is refused, naming the flag."""
+    out = replace(
         schedule,
         concurrency=tuple(concurrency) if concurrency else schedule.concurrency,
         shuffles=schedule.shuffles if shuffles is None else shuffles,
         repeats=schedule.repeats if repeats is None else repeats,
     )
+    problem = rotating_problem(out) if where is not None and out.preset == ROTATING else None
+    if problem:
+        setting, why, fix = problem
+        raise ConfigError(f"--{setting} {why} (the rotating preset of {where})", fix=fix)
+    return out

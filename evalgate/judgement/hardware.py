@@ -20,7 +20,7 @@ by the engine's dtype). Under `other_hardware = "judge"` the hardware explains d
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..configuration.policy import GatePolicy, Tolerance
@@ -28,6 +28,7 @@ from ..configuration.prompts import SCORING_TYPES
 from ..fingerprint import hardware_label
 from ..records import Completion
 from ..store import RunRecord
+from .verdict import RequestVerdict
 
 CLASSES = ("identical", "drift", "near_tie", "confident")
 # Keys of the `engine` component that follow the machine rather than the setup: another class of machine
@@ -36,7 +37,32 @@ MACHINE_KEYS = frozenset({"platform", "torch_threads"})
 BASELINE_DIFFERENCES = ("explained_change", "silent_regression")  # the verdicts of a difference from the baseline
 
 
-@dataclass
+@dataclass(frozen=True)
+class Flip:
+    """A near tie or confident difference from the other class's baseline: where, the two tokens ({id, text}),
+    each side's margin and the gap to this machine's top token that decided its class."""
+
+    key: str
+    cls: str  # near_tie | confident (stored as "class")
+    position: int
+    kind: str
+    baseline_token: dict[str, Any]
+    here_token: dict[str, Any]
+    baseline_margin: float | None
+    here_margin: float | None
+    gap: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        return {"key": out.pop("key"), "class": out.pop("cls"), **out}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Flip:
+        data = dict(data)
+        return cls(cls=data.pop("class"), **data)
+
+
+@dataclass(frozen=True)
 class AcrossHardware:
     """The report's cross-hardware section: the two classes, the envelope, the counts and every flip."""
 
@@ -49,7 +75,7 @@ class AcrossHardware:
     counts: dict[str, int]
     compared: int
     envelope: dict[str, Any] | None  # {"max", "p99", "positions", "requests"}; None: not measured
-    flips: list[dict[str, Any]] = field(default_factory=list)  # each near tie and confident difference
+    flips: list[Flip] = field(default_factory=list)  # each near tie and confident difference
     notes: list[str] = field(default_factory=list)
     adopted: bool = False  # this check became its class's baseline (`adopt`)
 
@@ -65,11 +91,15 @@ class AcrossHardware:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["tolerance"] = self.tolerance.to_dict()
+        out["flips"] = [flip.to_dict() for flip in self.flips]
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AcrossHardware:
-        return cls(**{**data, "tolerance": Tolerance(**data["tolerance"])})
+    def from_dict(cls, data: dict[str, Any] | None) -> AcrossHardware | None:
+        if not data:
+            return None
+        return cls(**{**data, "tolerance": Tolerance(**data["tolerance"]),
+                      "flips": [Flip.from_dict(f) for f in data.get("flips") or []]})
 
 
 def rescoring_of(key: str, record: RunRecord | None) -> Completion | None:
@@ -127,25 +157,27 @@ def envelope(here: RunRecord | None, there: RunRecord | None) -> dict[str, Any] 
             "positions": int(values.size), "requests": len(found)}
 
 
-def judge_across(report, current: RunRecord, baseline: RunRecord, here: RunRecord | None, there: RunRecord | None,
-                 policy: GatePolicy) -> AcrossHardware:
-    """Classify every difference from the other class's baseline and set its verdict (module docstring).
-    `here`: this check's rescoring of the baseline's tokens; `there`: the baseline's own, on its class."""
+def across_hardware(verdicts: list[RequestVerdict], current: RunRecord, baseline: RunRecord, here: RunRecord | None,
+                    there: RunRecord | None, policy: GatePolicy) -> tuple[list[RequestVerdict], AcrossHardware]:
+    """Every difference from the other class's baseline classified (module docstring): the verdicts as the
+    classes decide them, and the section that says how. `here`: this check's rescoring of the baseline's
+    tokens; `there`: the baseline's own, on its class."""
     engine = (current.fingerprint.get("engine") or {}).get("data") or {}
     tolerance = policy.tolerance(engine.get("dtype"))
     counts = dict.fromkeys(CLASSES, 0)
-    flips, notes = [], []
+    flips, notes, decided = [], [], []
     machine = {"hardware"} | ({"engine"} if machine_bound(baseline, current) else set())
     compared = 0
-    keys = [v.key for v in report.verdicts if v.verdict in BASELINE_DIFFERENCES]
+    keys = [v.key for v in verdicts if v.verdict in BASELINE_DIFFERENCES]
     for record in (here, there):
         if record is not None:
             record.prefetch(keys)
-    for v in report.verdicts:
+    for v in verdicts:
         if v.verdict == "stable" and v.key in baseline.requests:
             counts["identical"] += 1
             compared += 1
         if v.verdict not in BASELINE_DIFFERENCES or v.divergence is None:
+            decided.append(v)
             continue
         compared += 1
         scoring = current.requests[v.key].request_type in SCORING_TYPES  # already rescorings, on both classes
@@ -153,25 +185,23 @@ def judge_across(report, current: RunRecord, baseline: RunRecord, here: RunRecor
         mine, theirs = ((cur_out, base_out) if scoring else (rescoring_of(v.key, here), rescoring_of(v.key, there)))
         if mine is not None and base_out is not None and not _rescores(mine, base_out):
             mine = theirs = None  # a rescoring of other tokens (a baseline promoted with variance) decides nothing
-        deltas = position_deltas(mine, theirs)
-        v.across, gap = classify(v.divergence, v.max_delta, mine, deltas, tolerance)
-        counts[v.across] += 1
-        if set(v.components) <= machine and (policy.other_hardware == "exact" or v.across == "confident"):
-            v.verdict, v.components = "silent_regression", []  # the hardware does not explain it
-        if v.across != "drift":
+        across, gap = classify(v.divergence, v.max_delta, mine, position_deltas(mine, theirs), tolerance)
+        counts[across] += 1
+        unexplained = set(v.components) <= machine and (policy.other_hardware == "exact" or across == "confident")
+        # the hardware does not explain it: a silent regression
+        decided.append(replace(v, across=across, **({"verdict": "silent_regression", "components": []}
+                                                     if unexplained else {})))
+        if across != "drift":
             d = v.divergence
-            flips.append({"key": v.key, "class": v.across, "position": d.position, "kind": d.kind,
-                          "baseline_token": {"id": d.reference_id, "text": d.reference_text},
-                          "here_token": {"id": d.other_id, "text": d.other_text},
-                          "baseline_margin": d.margin,
-                          "here_margin": cur_out.margin(d.position) if cur_out is not None else None,
-                          "gap": gap})
+            flips.append(Flip(v.key, across, d.position, d.kind, {"id": d.reference_id, "text": d.reference_text},
+                              {"id": d.other_id, "text": d.other_text}, d.margin,
+                              cur_out.margin(d.position) if cur_out is not None else None, gap))
     if there is None:
         notes.append("the baseline has no rescoring of its own (recorded before rescorings, or accepted from a "
                      "check): the envelope is not measured, and only ε and the decode logprobs decide")
     if here is None:
         notes.append("this check has no rescoring of the baseline's tokens: every flip is confident")
-    return AcrossHardware(
+    return decided, AcrossHardware(
         baseline_class=baseline.run.hardware_class, baseline_label=hardware_label(baseline.fingerprint.get("hardware") or {}),
         here_class=current.run.hardware_class, here_label=hardware_label(current.fingerprint.get("hardware") or {}),
         mode=policy.other_hardware, tolerance=tolerance, counts=counts, compared=compared,

@@ -17,15 +17,37 @@ scipy comes with lm-eval (scikit-learn's dependency); it is imported only when t
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict, dataclass
 
 RESAMPLES = 9_999
 SEED = 0  # permutation tests are seeded: a run's report is the same every time it is judged
 
 
-def paired_test(pairs: list[tuple[float, float]], alpha: float, higher_is_better: bool | None) -> dict[str, Any] | None:
-    """The test of a metric's per-document (baseline, current) values: {test, documents, up, down, p_value,
-    alpha, significant, direction (up | down | None), drop}. None without documents on both sides."""
+@dataclass(frozen=True)
+class PairedTest:
+    """A metric's paired test (a report row's `paired`): which test, over how many documents, how many moved
+    up and down, its p-value, whether that is significant at `alpha`, which way, and whether it is worse."""
+
+    test: str  # mcnemar_exact | sign_flip_permutation
+    documents: int
+    up: int
+    down: int
+    p_value: float
+    alpha: float
+    significant: bool
+    direction: str | None  # up | down | None (not significant)
+    drop: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> PairedTest | None:
+        return cls(**data) if data else None
+
+
+def paired_test(pairs: list[tuple[float, float]], alpha: float, higher_is_better: bool | None) -> PairedTest | None:
+    """The test of a metric's per-document (baseline, current) values. None without documents on both sides."""
     pairs = [(float(a), float(b)) for a, b in pairs if a is not None and b is not None]
     if not pairs:
         return None
@@ -43,9 +65,8 @@ def paired_test(pairs: list[tuple[float, float]], alpha: float, higher_is_better
     significant = p_value < alpha
     direction = _direction(pairs, up, down, binary) if significant else None
     drop = bool(direction and higher_is_better is not None and (direction == "down") == higher_is_better)
-    return {"test": "mcnemar_exact" if binary else "sign_flip_permutation", "documents": len(pairs), "up": up,
-            "down": down, "p_value": p_value, "alpha": alpha, "significant": significant, "direction": direction,
-            "drop": drop}
+    return PairedTest("mcnemar_exact" if binary else "sign_flip_permutation", len(pairs), up, down, p_value, alpha,
+                      significant, direction, drop)
 
 
 def _sign_flip_p(pairs: list[tuple[float, float]]) -> float:

@@ -5,16 +5,43 @@ whether the metric really moved: a paired test over the documents both runs scor
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 from ..configuration.policy import DEFAULT_METRIC_ALPHA
 from ..store import Store
-from .paired import higher_is_better, paired_test
+from .paired import PairedTest, higher_is_better, paired_test
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One lm-eval task metric of a report: baseline vs current, the documents whose value moved
+    ({doc_id, baseline, current, requests: [{key, verdict}]}) and the paired test (None: nothing to pair)."""
+
+    task: str
+    metric: str
+    baseline: float | None
+    current: float | None
+    delta: float | None
+    stderr: float | None = None
+    moved: list[dict[str, Any]] = field(default_factory=list)
+    paired: PairedTest | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "metric": self.metric, "baseline": self.baseline, "current": self.current,
+                "delta": self.delta, "stderr": self.stderr, "moved": self.moved,
+                "paired": self.paired.to_dict() if self.paired else None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MetricRow:
+        return cls(data["task"], data["metric"], data.get("baseline"), data.get("current"), data.get("delta"),
+                   data.get("stderr"), list(data.get("moved") or []), PairedTest.from_dict(data.get("paired")))
 
 
 def compare_scores(store: Store, run_id: int, baseline_run_id: int | None, verdicts: dict[str, str],
-                   alpha: float = DEFAULT_METRIC_ALPHA) -> list[dict]:
-    """One row per task metric of either run: {task, metric, baseline, current, delta, stderr, moved, paired};
-    `moved` lists the documents whose value differs: {doc_id, baseline, current, requests: [{key, verdict}]};
-    `paired` is the paired test at `alpha` (paired.py; None without a baseline or shared documents)."""
+                   alpha: float = DEFAULT_METRIC_ALPHA) -> list[MetricRow]:
+    """One row per task metric of either run; `paired` is the paired test at `alpha` (paired.py; None without a
+    baseline or shared documents)."""
     scores, samples = store.load_scores(run_id)
     base_scores, base_samples = store.load_scores(baseline_run_id) if baseline_run_id is not None else ([], [])
     current = {(s.task, s.metric): s for s in scores}
@@ -37,12 +64,10 @@ def compare_scores(store: Store, run_id: int, baseline_run_id: int | None, verdi
         cur, old = current.get((task, metric)), before.get((task, metric))
         value = cur.value if cur else None
         base = old.value if old else None
-        rows.append({
-            "task": task, "metric": metric, "baseline": base, "current": value,
-            "delta": value - base if value is not None and base is not None else None,
-            "stderr": cur.stderr if cur else None, "moved": moved.get((task, metric), []),
-            "paired": paired_test(pairs[task, metric], alpha, higher_is_better(metric)) if pairs.get((task, metric)) else None,
-        })
+        rows.append(MetricRow(
+            task, metric, base, value, value - base if value is not None and base is not None else None,
+            cur.stderr if cur else None, moved.get((task, metric), []),
+            paired_test(pairs[task, metric], alpha, higher_is_better(metric)) if pairs.get((task, metric)) else None))
     return rows
 
 

@@ -1,4 +1,6 @@
-"""Verdicts (**contract**, docs/design.md "Verdicts"): one per request, and the run's exit code from them.
+"""Verdicts (**contract**, docs/design.md "Verdicts"): one per request, decided once (`judge_requests`)
+along its two paths: within the run, then against the baseline. The run's exit code follows from them
+(report.py).
 
 - batch_variance: the passes of this run disagree. Always a failure.
 - silent_regression: differs from the baseline while every identity component is equal. A failure.
@@ -14,29 +16,29 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import Any, TypedDict
 
 from ..configuration.policy import BITS_ONLY, GatePolicy
 from ..configuration.schedule import HOT, UNKNOWN, Pass, passes_of
 from ..configuration.template_date import recorded_template_date
-from ..errors import ExitCode
-from ..fingerprint import delta as fingerprint_delta
-from ..fingerprint import describe_changes
 from ..store import RunRecord
 from .compare import Comparisons, Divergence, disagreement_of, pass_pairs
 from .factors import comparison_label
-from .prompts import PromptChange, prompt_change, prompts_compared
-
-if TYPE_CHECKING:
-    from .hardware import AcrossHardware
+from .prompts import PromptChange, prompt_change
 
 VERDICTS = ("stable", "batch_variance", "silent_regression", "explained_change", "new", "missing")
 FAILURES = ("batch_variance", "silent_regression")
 STRICT_FAILURES = FAILURES + ("explained_change", "new", "missing")
-REPORT_SCHEMA = "evalgate.report/1"
+
+# Rows of a Report (their keys include "pass", a keyword: hence the functional form).
+# One comparison of the run (`factor_summary`): what changed between two passes, and which requests differ.
+FactorRow = TypedDict("FactorRow", {"factor": "str | None", "comparison": str, "reference_pass": int, "pass": int,
+                                    "differing": int, "compared": int, "requests": int, "keys": "list[str]"})
+# A hot pass: how many requests the engine served from its prefix cache (`unknown`: it did not say).
+CacheHits = TypedDict("CacheHits", {"pass": int, "hit": int, "missed": int, "unknown": int})
 
 
-@dataclass
+@dataclass(frozen=True)
 class RequestVerdict:
     key: str
     verdict: str
@@ -101,204 +103,22 @@ class RequestVerdict:
         return "drift" if self.bits_only else self.flip
 
 
-# Rows of a Report (their keys include "pass", a keyword: hence the functional form).
-# One comparison of the run (`factor_summary`): what changed between two passes, and which requests differ.
-FactorRow = TypedDict("FactorRow", {"factor": "str | None", "comparison": str, "reference_pass": int, "pass": int,
-                                    "differing": int, "compared": int, "requests": int, "keys": "list[str]"})
-# A hot pass: how many requests the engine served from its prefix cache (`unknown`: it did not say).
-CacheHits = TypedDict("CacheHits", {"pass": int, "hit": int, "missed": int, "unknown": int})
-# A pass or probe the plan asked for that could not run here, and why (never reported as passed).
-NotRun = TypedDict("NotRun", {"pass": str, "reason": str})
+@dataclass(frozen=True)
+class Decided:
+    """Every request's verdict, decided once (`judge_requests`), with what the run's sections are made of:
+    the keys that differ per pass (pass index -> keys) and the baseline passes paired with this run's."""
 
-
-class Coverage(TypedDict):
-    """The rotating preset: of this run's requests, how many ran alone within the last `window` runs."""
-
-    covered: int
-    requests: int
-    runs: int
-    window: int
-
-
-@dataclass
-class Report:
-    """Everything judged about one run: built in one place (gate.judge_records), stored with the run
-    (`to_dict`, read back by `from_dict`: gate.stored_report) and rendered by every report from that one
-    object. Its sections (`sections`): the run, its identity, its results and the conditions it ran under."""
-
-    kind: str  # baseline | check | diff
-    suite_name: str
-    run_id: int
-    baseline_run_id: int | None
     verdicts: list[RequestVerdict]
-    changed_components: list[str]
-    batch_invariance: dict[str, Any]  # requested, in_force, reason (the engine fingerprint's)
-    strict: bool = False
-    promoted: bool = False
-    # component -> what changed in it, for people (fingerprint.describe_changes); judged once, rendered anywhere
-    fingerprint_changes: dict[str, str] = field(default_factory=dict)
-    # lm-eval task metrics, baseline vs current, with the documents that moved (evalgate/judgement/scores.py)
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-    task_changes: dict[str, str] = field(default_factory=dict)  # lm-eval task -> what changed in its identity
-    engine_log: str | None = None  # the engine process's output (vLLM's own lines), for people
-    # Per comparison of the run (factor_summary): factor, what changed, requests that differ under it
-    factors: list[FactorRow] = field(default_factory=list)
-    cache_hits: list[CacheHits] = field(default_factory=list)  # per hot pass
-    baseline_pairs: list[dict[str, Any]] = field(default_factory=list)  # PassPair.to_dict(): which baseline pass vs which
-    not_run: list[NotRun] = field(default_factory=list)
-    # rotating preset: this run's requests that ran alone within the last `window` runs (store.alone_coverage)
-    alone_coverage: Coverage | None = None
-    policy: GatePolicy = field(default_factory=GatePolicy)  # [gate]: what fails (recorded with the run)
-    hardware: AcrossHardware | None = None  # judged against another hardware class's baseline (hardware.py)
-    hardware_class: str | None = None  # the run's (gate.judge_and_finish), and for people:
-    hardware_label: str | None = None
-    # a check's shards merged per hardware class (gate.combine): per class its run, baseline and result
-    classes: list[dict[str, Any]] = field(default_factory=list)
-    # stable requests not among `verdicts`: a stored report lists only the requests that differ
-    stable: int = 0
-    # against a baseline: of the requests both runs have, how many rendered prompts are equal (prompts.py)
-    prompts: dict[str, int] | None = None
-    # the date chat templates rendered with, when one read the calendar: {"date", "baseline_date"} (None: none did)
-    template_date: dict[str, Any] | None = None
-
-    @property
-    def counts(self) -> dict[str, int]:
-        counter = Counter(v.verdict for v in self.verdicts)
-        counter["stable"] += self.stable
-        return {name: counter.get(name, 0) for name in VERDICTS}
-
-    @property
-    def failing(self) -> list[RequestVerdict]:
-        """Batch variance and silent regressions that the policy fails on (bits: all; tokens: token flips),
-        and with `strict` every other difference too."""
-        return [v for v in self.verdicts if (v.verdict in FAILURES and self.policy.fails(set(v.kinds) or {"token"}))
-                or (self.strict and v.verdict in STRICT_FAILURES and v.verdict not in FAILURES)]
-
-    @property
-    def drift(self) -> list[RequestVerdict]:
-        """Differences in logprob bits alone that the policy lets pass (fail_on = "tokens")."""
-        return [v for v in self.verdicts if v.verdict in FAILURES and v.bits_only and not self.policy.fails(set(v.kinds))]
-
-    def differences(self) -> dict:
-        """Every batch variance and silent regression, split: bits only (with the largest |Δ| and the
-        smallest margin at the first divergence) and token flips by class (near tie or confident)."""
-        found = [v for v in self.verdicts if v.verdict in FAILURES]
-        bits = [v for v in found if v.bits_only]
-        margins = [v.divergence.margin for v in bits if v.divergence and v.divergence.margin is not None]
-        flips = [v for v in found if v.flip]
-        return {
-            "fail_on": self.policy.fail_on, "near_tie_margin": self.policy.near_tie_margin,
-            "bits_only": len(bits), "drift": len(self.drift),
-            "max_delta": max((v.max_delta for v in bits if v.max_delta is not None), default=None),
-            "min_margin": min(margins, default=None),
-            "token_flips": {"near_tie": sum(v.flip == "near_tie" for v in flips),
-                            "confident": sum(v.flip == "confident" for v in flips)},
-        }
-
-    @property
-    def failing_metrics(self) -> list[dict[str, Any]]:
-        """With `[gate] fail_on_metric = "significant_drop"`: the metric rows whose paired test says the metric
-        got significantly worse (scores.py, paired.py). By default metrics never fail a run."""
-        if self.policy.fail_on_metric != "significant_drop":
-            return []
-        return [m for m in self.metrics if (m.get("paired") or {}).get("drop")]
-
-    @property
-    def exit_code(self) -> ExitCode:
-        return ExitCode.REGRESSION if self.failing or self.failing_metrics else ExitCode.PASS
-
-    @property
-    def status(self) -> str:
-        return "regression" if self.failing or self.failing_metrics else "pass"
-
-    def to_dict(self, requests: bool = True) -> dict:
-        """The report as JSON (docs/json-report.md); `requests=False`: without the per-request verdicts (the
-        run's verdict rows hold them when it is stored)."""
-        return {
-            "schema": REPORT_SCHEMA,
-            "kind": self.kind,
-            "suite": self.suite_name,
-            "run_id": self.run_id,
-            "baseline_run_id": self.baseline_run_id,
-            "status": self.status,
-            "exit_code": int(self.exit_code),
-            "strict": self.strict,
-            "promoted": self.promoted,
-            "counts": self.counts,
-            "changed_components": self.changed_components,
-            "batch_invariance": self.batch_invariance,
-            **({"requests": [v.to_dict() for v in self.verdicts if v.verdict != "stable"]} if requests else {}),
-            "metrics": self.metrics,
-            "task_changes": self.task_changes,
-            "factors": self.factors,
-            "cache_hits": self.cache_hits,
-            "baseline_pairs": self.baseline_pairs,
-            "not_run": self.not_run,
-            "alone_coverage": self.alone_coverage,
-            "gate": self.policy.to_dict(),
-            "differences": self.differences(),
-            "hardware": self.hardware.to_dict() if self.hardware else None,
-            "classes": self.classes,
-            "fingerprint_changes": self.fingerprint_changes,
-            "hardware_class": self.hardware_class,
-            "hardware_label": self.hardware_label,
-            "prompts": self.prompts,
-            "template_date": self.template_date,
-            "engine_log": self.engine_log,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Report:
-        """A stored report (`to_dict`) read back as it was written: what `evalgate report`, `runs show` and
-        the HTML page render."""
-        from .hardware import AcrossHardware
-
-        hardware = data.get("hardware")
-        return cls(
-            kind=data["kind"], suite_name=data["suite"], run_id=data["run_id"], baseline_run_id=data.get("baseline_run_id"),
-            verdicts=[RequestVerdict.from_dict(v) for v in data.get("requests") or []],
-            changed_components=list(data.get("changed_components") or []),
-            batch_invariance=dict(data.get("batch_invariance") or {}), strict=bool(data.get("strict")),
-            promoted=bool(data.get("promoted")), fingerprint_changes=dict(data.get("fingerprint_changes") or {}),
-            metrics=list(data.get("metrics") or []), task_changes=dict(data.get("task_changes") or {}),
-            engine_log=data.get("engine_log"), factors=list(data.get("factors") or []),
-            cache_hits=list(data.get("cache_hits") or []), baseline_pairs=list(data.get("baseline_pairs") or []),
-            not_run=list(data.get("not_run") or []), alone_coverage=data.get("alone_coverage"),
-            policy=GatePolicy.from_dict(data.get("gate")), hardware=AcrossHardware.from_dict(hardware) if hardware else None,
-            hardware_class=data.get("hardware_class"), hardware_label=data.get("hardware_label"),
-            classes=list(data.get("classes") or []), stable=int((data.get("counts") or {}).get("stable", 0)),
-            prompts=data.get("prompts"), template_date=data.get("template_date"),
-        )
-
-    def sections(self) -> dict[str, dict[str, Any]]:
-        """The report in its four sections, as the HTML page shows them: the run (what was judged, against
-        what, under which policy), its identity (what changed since the baseline), its results (verdicts,
-        differences, metrics) and the conditions (factors, cache hits, what did not run, other hardware)."""
-        return {
-            "run": {"kind": self.kind, "suite": self.suite_name, "run_id": self.run_id,
-                    "baseline_run_id": self.baseline_run_id, "status": self.status, "exit_code": int(self.exit_code),
-                    "strict": self.strict, "promoted": self.promoted, "gate": self.policy.to_dict(),
-                    "hardware_class": self.hardware_class, "hardware_label": self.hardware_label},
-            "identity": {"changed_components": self.changed_components, "fingerprint_changes": self.fingerprint_changes,
-                         "batch_invariance": self.batch_invariance, "task_changes": self.task_changes,
-                         "prompts": self.prompts, "template_date": self.template_date},
-            "results": {"counts": self.counts, "differences": self.differences(), "metrics": self.metrics,
-                        "requests": [v for v in self.verdicts if v.verdict != "stable"]},
-            "conditions": {"factors": self.factors, "cache_hits": self.cache_hits, "not_run": self.not_run,
-                           "alone_coverage": self.alone_coverage, "baseline_pairs": self.baseline_pairs,
-                           "hardware": self.hardware, "classes": self.classes},
-        }
+    varying: dict[int, list[str]]
+    pairs: list[PassPair]
 
 
-def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check", strict: bool = False,
-          in_scope=lambda key: True, policy: GatePolicy | None = None) -> Report:
-    """`in_scope(key)`: whether a baseline key belongs to this run at all (False for other shards' keys,
-    which are then not `missing`). `policy`: what fails (default: the one recorded with the run)."""
-    if policy is None:
-        policy = GatePolicy.from_dict((current.run.schedule or {}).get("gate"))
-    engine = current.fingerprint.get("engine", {}).get("data", {})
-    policy = policy.for_dtype(engine.get("dtype"))  # the near-tie margin, by the dtype unless the suite sets it
-    changed = fingerprint_delta(baseline.fingerprint, current.fingerprint) if baseline else []
+def judge_requests(current: RunRecord, baseline: RunRecord | None, policy: GatePolicy, changed: list[str],
+                   in_scope=lambda key: True) -> Decided:
+    """One verdict per request: within the run first (its passes must agree: `variance_verdict`), then against
+    the baseline (`baseline_verdict`). `changed`: the identity components that differ from the baseline's;
+    `in_scope(key)`: whether a baseline key belongs to this run at all (False for other shards' keys, which
+    are then not `missing`)."""
     passes = passes_of(current.run.schedule)
     pairs = matching_passes(passes_of(baseline.run.schedule), passes) if baseline else []
     # Digests first: a request whose outputs all have one digest, the baseline's included, is stable
@@ -319,89 +139,71 @@ def judge(current: RunRecord, baseline: RunRecord | None, *, kind: str = "check"
         baseline.prefetch(agreeing)
         comparisons.prepare([pair for key in agreeing for pair in _baseline_pairs(current, baseline, key, pairs)])
     verdicts: list[RequestVerdict] = []
-    varying: dict[int, list[str]] = {}  # pass index -> keys that differ from that pass's reference
+    varying: dict[int, list[str]] = {}
     for key, request in current.requests.items():
-        location = request.location
-        if key in uniform:
-            verdicts.append(RequestVerdict(key, "stable", location))
-            continue
-        completions = current.outputs.get(key, [])
-        disagreement = disagreements[key]
-        if disagreement is not None:
-            by_pass = {c.pass_index: c for c in completions}
+        disagreement = disagreements.get(key)
+        if key in uniform or (disagreement is None and baseline is None):
+            verdicts.append(RequestVerdict(key, "stable", request.location))
+        elif disagreement is not None:
             for d in disagreement.differences:
                 varying.setdefault(d.other.index, []).append(key)
-            kinds = frozenset(d.kind for d in disagreement.differences)
-            delta = max(comparisons.max_delta(by_pass[d.reference.index], by_pass[d.other.index])
-                        for d in disagreement.differences)
-            flip = next((policy.flip_class(d.kind, d.divergence.margin) for d in disagreement.differences
-                         if d.kind == "token"), None)
-            verdicts.append(RequestVerdict(
-                key, "batch_variance", location, disagreement.divergence, factor=disagreement.factor,
-                kinds=kinds, max_delta=delta, flip=flip,
-                passes={
-                    "reference_pass": disagreement.reference_pass,
-                    "reference_concurrency": disagreement.reference_concurrency,
-                    "other_pass": disagreement.other_pass,
-                    "other_concurrency": disagreement.other_concurrency,
-                    "differing_passes": disagreement.differing_passes,
-                    "total_passes": len(completions),
-                    "factors": disagreement.factors,
-                },
-            ))
-            continue
-        if baseline is None:
-            verdicts.append(RequestVerdict(key, "stable", location))
-            continue
-        base_request = baseline.requests.get(key)
-        base_outputs = {c.pass_index: c for c in baseline.outputs.get(key, [])}
-        if base_request is None or not base_outputs:
-            verdicts.append(RequestVerdict(key, "new", location, components=["suite"]))
-            continue
-        found = []
-        for pair, (base, cur) in zip(pairs, _baseline_pairs(current, baseline, key, pairs, present=False)):
-            # like with like: the baseline's pass of a condition vs this run's pass of it
-            divergence = comparisons.divergence(base, cur) if base is not None and cur is not None else None
-            if divergence is not None:
-                found.append((pair, divergence, comparisons.max_delta(base, cur)))
-        if not found:
-            verdicts.append(RequestVerdict(key, "stable", location))
-            continue
-        pair, divergence, _ = found[0]
-        kinds = frozenset(d.kind for _, d, _ in found)
-        flip = next((policy.flip_class(d.kind, d.margin) for _, d, _ in found if d.kind == "token"), None)
-        explaining = list(changed)
-        moved = None
-        if base_request.request_hash != request.request_hash:
-            explaining.append("suite")  # its own text or sampling changed: its prompt moving follows from that
+            verdicts.append(variance_verdict(key, request.location, disagreement, current.outputs.get(key, []),
+                                             comparisons, policy))
         else:
-            moved = prompt_change(base_request, request)  # the same request: did what the engine saw move?
-            if moved is not None:
-                explaining.append("prompt")
-        verdict = "explained_change" if explaining else "silent_regression"
-        verdicts.append(RequestVerdict(key, verdict, location, divergence, components=explaining, prompt=moved,
-                                       passes={"baseline_pass": pair.baseline_pass, "pass": pair.current_pass,
-                                               "condition": pair.condition},
-                                       kinds=kinds, max_delta=max(delta for _, _, delta in found), flip=flip))
+            verdicts.append(baseline_verdict(key, request, current, baseline, pairs, comparisons, policy, changed))
     if baseline is not None:
-        for key, base_request in baseline.requests.items():
-            if key not in current.requests and in_scope(key):
-                verdicts.append(RequestVerdict(key, "missing", base_request.location, components=["suite"]))
-    return Report(
-        kind=kind, suite_name=current.run.suite_name, run_id=current.id,
-        baseline_run_id=baseline.id if baseline else None, verdicts=verdicts, changed_components=changed,
-        batch_invariance=engine.get("batch_invariance", {}), strict=strict,
-        fingerprint_changes=describe_changes(baseline.fingerprint, current.fingerprint,
-                                             changed + fingerprint_delta(baseline.fingerprint, current.fingerprint, ("prompt",)))
-        if baseline else {},
-        factors=factor_summary(passes, varying, current),
-        cache_hits=cache_hits(current, passes),
-        baseline_pairs=[pair.to_dict() for pair in pairs],
-        not_run=list((current.run.schedule or {}).get("not_run") or []),
-        policy=policy,
-        prompts=prompts_compared(current, baseline) if baseline is not None else None,
-        template_date=template_date_of(current, baseline),
-    )
+        verdicts += [RequestVerdict(key, "missing", base_request.location, components=["suite"])
+                     for key, base_request in baseline.requests.items() if key not in current.requests and in_scope(key)]
+    return Decided(verdicts, varying, pairs)
+
+
+def variance_verdict(key: str, location: str | None, disagreement, completions: list, comparisons: Comparisons,
+                     policy: GatePolicy) -> RequestVerdict:
+    """A request whose passes disagree: batch variance, with the comparison that first showed it."""
+    by_pass = {c.pass_index: c for c in completions}
+    delta = max(comparisons.max_delta(by_pass[d.reference.index], by_pass[d.other.index])
+                for d in disagreement.differences)
+    flip = next((policy.flip_class(d.kind, d.divergence.margin) for d in disagreement.differences
+                 if d.kind == "token"), None)
+    return RequestVerdict(
+        key, "batch_variance", location, disagreement.divergence, factor=disagreement.factor,
+        kinds=frozenset(d.kind for d in disagreement.differences), max_delta=delta, flip=flip,
+        passes={"reference_pass": disagreement.reference_pass, "reference_concurrency": disagreement.reference_concurrency,
+                "other_pass": disagreement.other_pass, "other_concurrency": disagreement.other_concurrency,
+                "differing_passes": disagreement.differing_passes, "total_passes": len(completions),
+                "factors": disagreement.factors})
+
+
+def baseline_verdict(key: str, request, current: RunRecord, baseline: RunRecord, pairs: list[PassPair],
+                     comparisons: Comparisons, policy: GatePolicy, changed: list[str]) -> RequestVerdict:
+    """A request whose passes agree, against the baseline's passes of the same conditions: stable, new,
+    an explained change (`changed` components, its own `suite` or its rendered `prompt`) or a silent regression."""
+    location = request.location
+    base_request = baseline.requests.get(key)
+    if base_request is None or not baseline.outputs.get(key):
+        return RequestVerdict(key, "new", location, components=["suite"])
+    found = []
+    for pair, (base, cur) in zip(pairs, _baseline_pairs(current, baseline, key, pairs, present=False)):
+        # like with like: the baseline's pass of a condition vs this run's pass of it
+        divergence = comparisons.divergence(base, cur) if base is not None and cur is not None else None
+        if divergence is not None:
+            found.append((pair, divergence, comparisons.max_delta(base, cur)))
+    if not found:
+        return RequestVerdict(key, "stable", location)
+    pair, divergence, _ = found[0]
+    explaining = list(changed)
+    moved = None
+    if base_request.request_hash != request.request_hash:
+        explaining.append("suite")  # its own text or sampling changed: its prompt moving follows from that
+    else:
+        moved = prompt_change(base_request, request)  # the same request: did what the engine saw move?
+        if moved is not None:
+            explaining.append("prompt")
+    return RequestVerdict(
+        key, "explained_change" if explaining else "silent_regression", location, divergence, components=explaining,
+        prompt=moved, passes={"baseline_pass": pair.baseline_pass, "pass": pair.current_pass, "condition": pair.condition},
+        kinds=frozenset(d.kind for _, d, _ in found), max_delta=max(delta for _, _, delta in found),
+        flip=next((policy.flip_class(d.kind, d.margin) for _, d, _ in found if d.kind == "token"), None))
 
 
 def template_date_of(current: RunRecord, baseline: RunRecord | None) -> dict[str, Any] | None:

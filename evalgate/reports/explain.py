@@ -8,6 +8,7 @@ import json
 from ..configuration.template_date import WALL_CLOCK
 from ..judgement.compare import Divergence
 from ..judgement.factors import is_batch_factor, remedy, words
+from ..judgement.paired import PairedTest
 from ..judgement.verdict import FAILURES, STRICT_FAILURES, RequestVerdict
 
 STACK_NAMES = "model, tokenizer, engine, code, hardware, env"
@@ -341,16 +342,16 @@ def failure_text(v: RequestVerdict, fingerprint_changes: dict | None = None) -> 
 PAIRED_TESTS = {"mcnemar_exact": "McNemar exact", "sign_flip_permutation": "paired permutation"}
 
 
-def paired_text(paired: dict | None) -> str:
+def paired_text(paired: PairedTest | None) -> str:
     """`2 up, 5 down of 50 documents, p = 0.453 (McNemar exact)`, then `significant at 0.05: worse` when
     it is: whether a metric really moved (judgement/paired.py)."""
     if not paired:
         return ""
-    text = (f"{paired['up']} up, {paired['down']} down of {paired['documents']} documents, "
-            f"p = {paired['p_value']:.3g} ({PAIRED_TESTS.get(paired['test'], paired['test'])})")
-    if paired["significant"]:
-        text += f"; significant at {paired['alpha']:g}" + (": worse" if paired["drop"] else
-                                                           f": {paired['direction']}" if paired["direction"] else "")
+    text = (f"{paired.up} up, {paired.down} down of {paired.documents} documents, "
+            f"p = {paired.p_value:.3g} ({PAIRED_TESTS.get(paired.test, paired.test)})")
+    if paired.significant:
+        text += f"; significant at {paired.alpha:g}" + (": worse" if paired.drop else
+                                                        f": {paired.direction}" if paired.direction else "")
     return text
 
 
@@ -360,6 +361,6 @@ def metric_failure_line(report) -> str | None:
     failing = report.failing_metrics
     if not failing:
         return None
-    names = ", ".join(f"{m['task']} {m['metric']} (p = {m['paired']['p_value']:.3g})" for m in failing)
+    names = ", ".join(f"{m.task} {m.metric} (p = {m.paired.p_value:.3g})" for m in failing)
     return f"{len(failing)} metric(s) significantly worse: {names}"
 

@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Iterable, Mapping, TextIO
 
-from ..judgement.verdict import VERDICTS, Report, RequestVerdict
+from ..judgement.report import Report
+from ..judgement.verdict import VERDICTS, RequestVerdict
 from .explain import (
     ACROSS_WORDS,
     STACK_NAMES,
@@ -200,10 +201,10 @@ def _metrics_markdown(report: Report) -> list[str]:
              "| task | metric | baseline | current | delta | documents moved | did it move? |",
              "|---|---|---:|---:|---:|---:|---|"]
     for row in report.metrics:
-        delta = row["delta"]
-        paired = paired_text(row.get("paired"))
-        lines.append(f"| {md_text(row['task'])} | {md_text(row['metric'])} | {number_text(row['baseline'])} "
-                     f"| {number_text(row['current'])} | {delta_text(delta)} | {len(row['moved']) or ''} "
+        delta = row.delta
+        paired = paired_text(row.paired)
+        lines.append(f"| {md_text(row.task)} | {md_text(row.metric)} | {number_text(row.baseline)} "
+                     f"| {number_text(row.current)} | {delta_text(delta)} | {len(row.moved) or ''} "
                      f"| {md_text(paired)} |")
     lines.append("")
     for name, change in report.task_changes.items():

@@ -10,8 +10,12 @@ the metric's value. Built from `store.listing.history_rows` (the reports stored 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .explain import number_text
+
+if TYPE_CHECKING:
+    from ..store.listing import ReportHeader
 
 HISTORY_RUNS = 20  # runs shown
 CELL = 18  # px per run
@@ -47,31 +51,31 @@ class HistoryStrip:
     runs: int = 0
 
 
-def verdict_class(row: dict) -> str:
-    if row["verdict"] == "regression":
+def verdict_class(row: ReportHeader) -> str:
+    if row.verdict == "regression":
         return "regression"
-    return "explained" if row["counts"].get("explained_change") else "pass"
+    return "explained" if row.counts.get("explained_change") else "pass"
 
 
-def _title(row: dict) -> str:
-    counts = ", ".join(f"{k} {v}" for k, v in row["counts"].items())
-    changed = f"; changed: {', '.join(row['changed'])}" if row.get("changed") else ""
-    return f"run {row['run']} ({row['kind']}, {row['finished'] or 'unfinished'}): {row['verdict']}; {counts}{changed}"
+def _title(row: ReportHeader) -> str:
+    counts = ", ".join(f"{k} {v}" for k, v in row.counts.items())
+    changed = f"; changed: {', '.join(row.changed)}" if row.changed else ""
+    return f"run {row.run} ({row.kind}, {row.finished or 'unfinished'}): {row.verdict}; {counts}{changed}"
 
 
-def history_strip(rows: list[dict], run_id: int, hardware_class: str | None) -> HistoryStrip | None:
+def history_strip(rows: list[ReportHeader], run_id: int, hardware_class: str | None) -> HistoryStrip | None:
     """The strip for the page of `run_id`: the judged runs of its hardware class up to it (rows newest first,
     as `history_rows` returns them). None when there is no history to show (fewer than two runs)."""
-    shown = [r for r in rows if r["run"] <= run_id and r["hardware_class"] == hardware_class][:HISTORY_RUNS][::-1]
+    shown = [r for r in rows if r.run <= run_id and r.hardware_class == hardware_class][:HISTORY_RUNS][::-1]
     if len(shown) < 2:
         return None
-    cells = [Cell(LABEL_WIDTH + i * CELL, COLOURS[verdict_class(r)], _title(r), r["run"] == run_id)
+    cells = [Cell(LABEL_WIDTH + i * CELL, COLOURS[verdict_class(r)], _title(r), r.run == run_id)
              for i, r in enumerate(shown)]
-    names = list(dict.fromkeys((m["task"], m["metric"]) for r in shown for m in r.get("metrics") or []))
+    names = list(dict.fromkeys((m["task"], m["metric"]) for r in shown for m in r.metrics or []))
     sparks = []
     for n, (task, metric) in enumerate(names):
         top = CELL + 8 + n * SPARK_HEIGHT
-        values = {i: m["current"] for i, r in enumerate(shown) for m in r.get("metrics") or []
+        values = {i: m["current"] for i, r in enumerate(shown) for m in r.metrics or []
                   if (m["task"], m["metric"]) == (task, metric) and isinstance(m.get("current"), (int, float))}
         if not values:
             continue
@@ -81,7 +85,7 @@ def history_strip(rows: list[dict], run_id: int, hardware_class: str | None) -> 
         def y(value: float, top: int = top, low: float = low, span: float = span) -> int:
             return round(top + (SPARK_HEIGHT - 8) * (1 - (value - low) / span))  # the highest value on top
 
-        dots = [(LABEL_WIDTH + i * CELL + CELL // 2, y(v), f"run {shown[i]['run']}: {task} {metric} = {number_text(v)}")
+        dots = [(LABEL_WIDTH + i * CELL + CELL // 2, y(v), f"run {shown[i].run}: {task} {metric} = {number_text(v)}")
                 for i, v in sorted(values.items())]
         sparks.append(Spark(f"{task} {metric}", top, " ".join(f"{x},{y_}" for x, y_, _ in dots), dots,
                             number_text(low), number_text(high)))

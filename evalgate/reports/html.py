@@ -20,7 +20,9 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..judgement.verdict import FAILURES, Report, RequestVerdict
+from ..judgement.report import Report
+from ..judgement.scores import MetricRow
+from ..judgement.verdict import FAILURES, RequestVerdict
 from ..records import Completion
 from ..store import display_status
 from .explain import (
@@ -139,13 +141,13 @@ def _request(diff: RequestDiff) -> dict[str, Any]:
     }
 
 
-def _metric(m: dict) -> dict[str, str]:
+def _metric(m: MetricRow) -> dict[str, str]:
     moved = ", ".join(f'doc {d["doc_id"]} ({number_text(d["baseline"])} \u2192 {number_text(d["current"])})'
-                      for d in m["moved"][:20])
-    return {"task": m["task"], "metric": m["metric"], "baseline": number_text(m["baseline"]),
-            "current": number_text(m["current"]), "delta": delta_text(m["delta"]),
-            "moved": moved + (" ..." if len(m["moved"]) > 20 else ""), "paired": paired_text(m.get("paired")),
-            "worse": bool((m.get("paired") or {}).get("drop"))}
+                      for d in m.moved[:20])
+    return {"task": m.task, "metric": m.metric, "baseline": number_text(m.baseline),
+            "current": number_text(m.current), "delta": delta_text(m.delta),
+            "moved": moved + (" ..." if len(m.moved) > 20 else ""), "paired": paired_text(m.paired),
+            "worse": bool(m.paired and m.paired.drop)}
 
 
 def _factor_rows(factors: list[dict], cache_hits: list[dict]) -> list[dict[str, Any]]:

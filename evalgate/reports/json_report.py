@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..judgement.verdict import Report
+from ..judgement.report import Report
 from .atomic import write_text_atomic
 
 

@@ -17,7 +17,8 @@ import xml.etree.ElementTree as ET
 from collections import OrderedDict
 from pathlib import Path
 
-from ..judgement.verdict import Report, RequestVerdict
+from ..judgement.report import Report
+from ..judgement.verdict import RequestVerdict
 from .atomic import write_text_atomic
 from .explain import delta_text, failure_text, number_text, one_line, paired_text, split_location
 
@@ -77,9 +78,9 @@ def metric_properties(report: Report) -> list[tuple[str, str]]:
         return []
     props = [("metric_alpha", repr(report.policy.metric_alpha)), ("fail_on_metric", report.policy.fail_on_metric or "")]
     for m in report.metrics:
-        delta = f" ({delta_text(m['delta'])})" if m["delta"] is not None else ""
-        props.append((f"metric {m['task']} {m['metric']}",
-                      f"{number_text(m['current'])}{delta}; {paired_text(m.get('paired'))}".rstrip("; ")))
+        delta = f" ({delta_text(m.delta)})" if m.delta is not None else ""
+        props.append((f"metric {m.task} {m.metric}",
+                      f"{number_text(m.current)}{delta}; {paired_text(m.paired)}".rstrip("; ")))
     return props
 
 
@@ -134,9 +135,9 @@ def junit_xml(report: Report, *, suite_file: str | Path | None = None, duration:
         suite_el = _sub(root, "testsuite", name="lm-eval metrics", errors="0", failures=str(len(failing_metrics)),
                         skipped="0", tests=str(len(report.metrics)), time=_seconds(None))
         for m in report.metrics:
-            case = _sub(suite_el, "testcase", classname="lm-eval metrics", name=f"{m['task']} {m['metric']}", time="0.000")
+            case = _sub(suite_el, "testcase", classname="lm-eval metrics", name=f"{m.task} {m.metric}", time="0.000")
             if id(m) in failing_metrics:
-                _sub(case, "failure", message=f"significantly worse: {paired_text(m['paired'])}", type="significant_drop")
+                _sub(case, "failure", message=f"significantly worse: {paired_text(m.paired)}", type="significant_drop")
         totals["tests"] += len(report.metrics)
         totals["failures"] += len(failing_metrics)
     root.set("tests", str(totals["tests"]))

@@ -18,7 +18,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..judgement.verdict import Report
+from ..judgement.report import Report
 from .github import md_text, step_summary
 
 MAX_DIVERGENCES = 5

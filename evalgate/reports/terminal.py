@@ -10,7 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..judgement.factors import remedies
-from ..judgement.verdict import FAILURES, Report
+from ..judgement.report import Report
+from ..judgement.verdict import FAILURES
 from .explain import (
     ACROSS_WORDS,
     batch_bisectable,
@@ -182,14 +183,14 @@ def render_metrics(console: Console, report: Report) -> None:
         console.print("task metrics (lm-eval, first pass):")
         for row in report.metrics:
             if not compared:
-                console.print(escape(f"  {row['task']} {row['metric']} = {number_text(row['current'])}"
-                                     + (f" ± {number_text(row.get('stderr'))}" if row.get("stderr") else "")), soft_wrap=True)
+                console.print(escape(f"  {row.task} {row.metric} = {number_text(row.current)}"
+                                     + (f" ± {number_text(row.stderr)}" if row.stderr else "")), soft_wrap=True)
                 continue
-            delta = row["delta"]
-            console.print(escape(f"  {row['task']} {row['metric']}: {number_text(row['baseline'])} -> {number_text(row['current'])}"
+            delta = row.delta
+            console.print(escape(f"  {row.task} {row.metric}: {number_text(row.baseline)} -> {number_text(row.current)}"
                                  f" ({delta_text(delta)})"
-                                 + (f", {len(row['moved'])} document(s) moved" if row["moved"] else "")
-                                 + (f"; {paired_text(row.get('paired'))}" if row.get("paired") else "")), soft_wrap=True)
+                                 + (f", {len(row.moved)} document(s) moved" if row.moved else "")
+                                 + (f"; {paired_text(row.paired)}" if row.paired else "")), soft_wrap=True)
         _moved_documents(console, report)
         return
     table = Table(title="task metrics (lm-eval, first pass)", title_justify="left")
@@ -200,15 +201,15 @@ def render_metrics(console: Console, report: Report) -> None:
                          **({} if col in ("task", "metric", "did it move?") else {"justify": "right", "no_wrap": True}))
     for row in report.metrics:
         if not compared:
-            table.add_row(row["task"], row["metric"], number_text(row["current"]), number_text(row.get("stderr")))
+            table.add_row(row.task, row.metric, number_text(row.current), number_text(row.stderr))
             continue
-        delta = row["delta"]
+        delta = row.delta
         change = Text(delta_text(delta), style="yellow" if delta else "")
-        paired = row.get("paired")
-        moved_text = Text(paired_text(paired), style="bold red" if (paired or {}).get("drop") else
-                          "yellow" if (paired or {}).get("significant") else "")
-        table.add_row(row["task"], row["metric"], number_text(row["baseline"]), number_text(row["current"]), change,
-                      str(len(row["moved"])) if row["moved"] else "", moved_text)
+        paired = row.paired
+        moved_text = Text(paired_text(paired), style="bold red" if paired and paired.drop else
+                          "yellow" if paired and paired.significant else "")
+        table.add_row(row.task, row.metric, number_text(row.baseline), number_text(row.current), change,
+                      str(len(row.moved)) if row.moved else "", moved_text)
     console.print(table)
     _moved_documents(console, report)
 
@@ -217,9 +218,9 @@ def _moved_documents(console: Console, report: Report) -> None:
     for name, change in report.task_changes.items():
         console.print(escape(f"  task {name} changed since the baseline: {change}"), style="yellow", soft_wrap=True)
     for row in report.metrics:
-        for doc in row["moved"][:MAX_MOVED]:
+        for doc in row.moved[:MAX_MOVED]:
             requests = ", ".join(f"{r['key']} ({r['verdict']})" for r in doc["requests"])
-            console.print(escape(f"  {row['task']} doc {doc['doc_id']}: {row['metric']} {number_text(doc['baseline'])} -> "
+            console.print(escape(f"  {row.task} doc {doc['doc_id']}: {row.metric} {number_text(doc['baseline'])} -> "
                                  f"{number_text(doc['current'])}  [{requests}]"), soft_wrap=True)
-        if len(row["moved"]) > MAX_MOVED:
-            console.print(f"  ... and {len(row['moved']) - MAX_MOVED} more documents (see --json-report)")
+        if len(row.moved) > MAX_MOVED:
+            console.print(f"  ... and {len(row.moved) - MAX_MOVED} more documents (see --json-report)")

@@ -12,6 +12,7 @@ SQL text. A database behind the newest schema, or not an evalgate one, is opened
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from ..errors import ConfigError
@@ -22,7 +23,7 @@ RUNS_SQL = ("SELECT runs.id, runs.suite_name, runs.kind, runs.status, runs.verdi
             "EXISTS (SELECT 1 FROM baselines WHERE baselines.run_id = runs.id) FROM runs {where}"
             "ORDER BY runs.id DESC LIMIT :limit")
 HISTORY_SQL = ("SELECT runs.id, runs.kind, runs.verdict, runs.summary, runs.finished_at, runs.hardware_class, "
-               "runs.baseline_run_id, runs.schedule FROM runs WHERE runs.suite_name = :suite AND runs.status = 'complete' "
+               "runs.baseline_run_id, runs.report FROM runs WHERE runs.suite_name = :suite AND runs.status = 'complete' "
                "AND runs.kind IN ('baseline', 'check') ORDER BY runs.id DESC LIMIT :limit")
 BASELINES_SQL = ("SELECT baselines.suite_name, baselines.hardware_class, baselines.run_id, baselines.promoted_at, "
                  "baselines.receipt, fingerprints.components FROM baselines JOIN runs ON runs.id = baselines.run_id "
@@ -42,21 +43,40 @@ def run_rows(url: str, suite_name: str | None = None, limit: int = 50) -> list[d
             for run_id, suite, kind, status, verdict, summary, started, finished, hardware_class, owner, is_baseline in rows]
 
 
-def history_rows(url: str, suite_name: str, limit: int = 20) -> list[dict]:
-    """A suite's judged runs at a glance, newest first: when, kind, verdict and its counts, what changed in the
-    identity since the baseline it was judged against, and each lm-eval metric with its delta (all from the
-    report stored with the run; `changed` and `metrics` are None for a run judged before reports were stored)."""
-    rows = []
-    for run_id, kind, verdict, summary, finished, hardware_class, baseline_run, schedule in _select(
-            url, HISTORY_SQL, {"suite": suite_name, "limit": limit}):
-        report = (_json(schedule) or {}).get("report")
-        rows.append({"run": run_id, "finished": when(finished), "kind": kind, "verdict": verdict,
-                     "counts": {k: v for k, v in (_json(summary) or {}).items() if v}, "baseline_run": baseline_run,
-                     "hardware_class": hardware_class,
-                     "changed": list(report.get("changed_components") or []) if report is not None else None,
-                     "metrics": [{key: m.get(key) for key in ("task", "metric", "current", "delta")}
-                                 for m in report.get("metrics") or []] if report is not None else None})
-    return rows
+@dataclass(frozen=True)
+class ReportHeader:
+    """A judged run at a glance, from the few columns and the stored report's header keys (the Report's
+    kind, status, counts, changed components and metrics; judgement/report.py): what `runs history` lists and
+    the HTML report's history strip draws. `changed` and `metrics` are None for a run whose report was never
+    stored (judged before reports were, and not read since)."""
+
+    run: int
+    finished: str | None
+    kind: str
+    verdict: str | None
+    counts: dict[str, int]
+    baseline_run: int | None
+    hardware_class: str | None
+    changed: list[str] | None
+    metrics: list[dict] | None  # {task, metric, current, delta}
+
+    @classmethod
+    def of(cls, run_id, kind, verdict, summary, finished, hardware_class, baseline_run, report) -> ReportHeader:
+        return cls(run_id, when(finished), kind, verdict, {k: v for k, v in (_json(summary) or {}).items() if v},
+                   baseline_run, hardware_class,
+                   list(report.get("changed_components") or []) if report is not None else None,
+                   [{key: m.get(key) for key in ("task", "metric", "current", "delta")} for m in report.get("metrics") or []]
+                   if report is not None else None)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def history_rows(url: str, suite_name: str, limit: int = 20) -> list[ReportHeader]:
+    """A suite's judged runs at a glance, newest first (`ReportHeader`)."""
+    return [ReportHeader.of(run_id, kind, verdict, summary, finished, hardware_class, baseline_run, _json(report))
+            for run_id, kind, verdict, summary, finished, hardware_class, baseline_run, report in _select(
+                url, HISTORY_SQL, {"suite": suite_name, "limit": limit})]
 
 
 def baseline_rows(url: str, suite_name: str | None = None) -> list[dict]:

@@ -55,6 +55,10 @@ class Run(Base):
     # shown as `abandoned` (evalgate/store/listing.py display_status). NULL for runs stored before 0007.
     owner: Mapped[dict | None] = mapped_column(JSON)
     engine_log: Mapped[str | None] = mapped_column(Text)  # the engine process's log file, if it had one
+    # The run's Report (evalgate/judgement/report.py `to_dict`, less the per-request verdicts, which are its
+    # `verdicts` rows), written when it is judged; adoption and acceptance are recorded on it (`updates`).
+    # NULL: not judged (yet), or judged before 0013 moved reports out of `schedule` and never read since.
+    report: Mapped[dict | None] = mapped_column(JSON)
 
 
 class Request(Base):

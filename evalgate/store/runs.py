@@ -102,9 +102,19 @@ class RunStore(StoreBase):
 
         self.write(write)
 
+    def set_report(self, run_id: int, report: dict) -> None:
+        """Replace a judged run's stored report (a run judged before reports were stored; an adoption)."""
+        def write(s: Session) -> None:
+            s.get(Run, run_id).report = report
+
+        self.write(write)
+
     def finish_run(self, run_id: int, *, status: str, verdict: str | None = None, exit_code: int | None = None,
                    summary: dict | None = None, verdicts: list[dict] | None = None, error: str | None = None,
-                   schedule: dict | None = None, baseline_run_id: int | None = None, promote: bool = False) -> None:
+                   schedule: dict | None = None, report: dict | None = None, baseline_run_id: int | None = None,
+                   promote: bool = False) -> None:
+        """Finish a run in one transaction: its status and verdict, its report (judgement/report.py, without
+        the per-request verdicts: `verdicts` are their rows), its schedule record, and its promotion."""
         def write(s: Session) -> None:
             run = s.get(Run, run_id)
             run.status, run.verdict, run.exit_code = status, verdict, exit_code
@@ -112,6 +122,8 @@ class RunStore(StoreBase):
             run.baseline_run_id = baseline_run_id
             if schedule is not None:
                 run.schedule = schedule
+            if report is not None:
+                run.report = report
             if verdicts:
                 s.execute(insert(Verdict), [{"run_id": run_id, "request_key": v["key"], "verdict": v["verdict"],
                                              "detail": v} for v in verdicts])

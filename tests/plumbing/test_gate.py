@@ -91,6 +91,7 @@ def test_a_merge_is_judged_under_its_own_fail_on(inline_cli, tmp_path, fake_mode
                "--json-report", tmp_path / "m.json", check=0)
     merged = read_json(tmp_path / "m.json")
     assert merged["gate"]["fail_on"] == "tokens" and merged["differences"]["fail_on"] == "tokens"
-    ((schedule,),) = db_query(database_url(suite), "select schedule from runs where id = :r", r=merged["run_id"])
-    stored = json.loads(schedule) if isinstance(schedule, str) else schedule
-    assert stored["gate"]["fail_on"] == "tokens" and stored["report"]["gate"]["fail_on"] == "tokens"
+    ((schedule, report),) = db_query(database_url(suite), "select schedule, report from runs where id = :r",
+                                     r=merged["run_id"])
+    stored, report = (json.loads(v) if isinstance(v, str) else v for v in (schedule, report))
+    assert stored["gate"]["fail_on"] == "tokens" and report["gate"]["fail_on"] == "tokens"  # the report's own column

@@ -29,7 +29,7 @@ def test_history_shows_each_runs_verdict_changes_and_metrics(inline_cli, tmp_pat
     # a metric in the latest check's stored report, as an lm-eval suite's would be
     latest = store.get_run(max(runs))
     metrics = [{"task": "t", "metric": "acc,none", "baseline": 0.5, "current": 0.25, "delta": -0.25, "moved": []}]
-    store.update_schedule(latest.id, {**latest.schedule, "report": {**latest.schedule["report"], "metrics": metrics}})
+    store.set_report(latest.id, {**latest.report, "metrics": metrics})
 
     shown = inline_cli("runs", "history", suite, check=0)
     rows = json.loads(inline_cli("runs", "history", suite, "--json", check=0).stdout)

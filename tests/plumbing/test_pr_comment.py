@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers import GREEN_PROMPTS, bare_model, chromium, run_chromium, write_suite
 
-from evalgate.judgement.verdict import Report
+from evalgate.judgement.report import Report
 from evalgate.reports.pr_comment import comment_body, marker
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pr_comment"

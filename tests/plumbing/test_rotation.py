@@ -120,10 +120,14 @@ def test_the_turn_can_come_from_the_environment(inline_cli, tmp_path, fake_model
 
 
 def test_command_line_overrides_that_break_the_preset_are_refused(tmp_path, fake_model):
-    from evalgate.gate import resolve_schedule
+    from evalgate.configuration.schedule import with_overrides
 
     suite = load_suite(write_suite(tmp_path, fake_model, ["a"], kind="fake", concurrency=(1, 8), shuffles=0,
                                    extra_schedule='preset = "rotating"'))
+
+    def resolve_schedule(suite, concurrency=None, shuffles=None, repeats=None):
+        return with_overrides(suite.schedule, concurrency, shuffles, repeats, where=str(suite.path))
+
     assert resolve_schedule(suite, [1, 16]).concurrency == (1, 16)
     with pytest.raises(ConfigError, match="--shuffles does not go with"):
         resolve_schedule(suite, shuffles=1)

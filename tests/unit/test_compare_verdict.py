@@ -15,7 +15,9 @@ from evalgate.configuration.schedule import Schedule, plan_passes
 from evalgate.errors import ExitCode
 from evalgate.fingerprint import COMPONENTS, component
 from evalgate.judgement.compare import first_divergence, within_run
-from evalgate.judgement.verdict import REPORT_SCHEMA, VERDICTS, Report, RequestVerdict, judge
+from evalgate.judgement.judging import Judging, judge_run
+from evalgate.judgement.report import REPORT_SCHEMA, Report
+from evalgate.judgement.verdict import VERDICTS, RequestVerdict
 from evalgate.records import Completion, pack_ids
 from evalgate.store import RunRecord
 
@@ -49,7 +51,7 @@ def record(run_id: int, outputs: dict[str, list[Completion]], *, fp=None, reques
                                      rendered=rendered.get(key, f"prompt {key}"),
                                      prompt_ids=pack_ids([ord(c) for c in rendered.get(key, f"prompt {key}")]))
                 for i, key in enumerate(outputs)}
-    run = SimpleNamespace(id=run_id, suite_name=suite_name, schedule=schedule)
+    run = SimpleNamespace(id=run_id, suite_name=suite_name, schedule=schedule, hardware_class="cpu", engine_log=None)
     return RunRecord(run=run, fingerprint=fp or fingerprint(), requests=requests, outputs=outputs)
 
 
@@ -155,7 +157,7 @@ def test_batch_variance_without_baseline():
         # The margin reported is the reference's (pass 0): a near-tie there.
         "b": passes("b", comp(IDS, top=[[-1.0, -1.0009765625]] * 5), comp([11, 12, 13, 50, 15])),
     })
-    report = judge(current, None, kind="baseline")
+    report = judge_run(current, None, Judging("baseline"))
     v = by_key(report)
     assert v["a"].verdict == "stable"
     assert v["b"].verdict == "batch_variance"
@@ -173,13 +175,13 @@ def test_batch_variance_without_baseline():
 def test_batch_variance_wins_over_baseline_comparison():
     baseline = record(1, {"a": passes("a", comp(IDS))})
     current = record(2, {"a": passes("a", comp(IDS), comp([11, 0, 13, 14, 15]))})
-    assert by_key(judge(current, baseline))["a"].verdict == "batch_variance"
+    assert by_key(judge_run(current, baseline))["a"].verdict == "batch_variance"
 
 
 def test_equal_to_baseline_with_equal_fingerprint_is_stable():
     baseline = record(1, {"a": passes("a", comp(IDS), comp(IDS))})
     current = record(2, {"a": passes("a", comp(IDS), comp(IDS))})
-    report = judge(current, baseline)
+    report = judge_run(current, baseline)
     assert [v.verdict for v in report.verdicts] == ["stable"]
     assert report.exit_code == ExitCode.PASS == 0 and report.status == "pass"
     assert report.to_dict()["requests"] == []
@@ -188,7 +190,7 @@ def test_equal_to_baseline_with_equal_fingerprint_is_stable():
 def test_different_with_equal_fingerprint_is_silent_regression():
     baseline = record(1, {"a": passes("a", comp(IDS)), "b": passes("b", comp(IDS))})
     current = record(2, {"a": passes("a", comp(IDS)), "b": passes("b", comp([11, 12, 13, 14, 99]))})
-    report = judge(current, baseline)
+    report = judge_run(current, baseline)
     v = by_key(report)
     assert v["a"].verdict == "stable"
     assert v["b"].verdict == "silent_regression"
@@ -206,7 +208,7 @@ def test_a_moved_rendered_prompt_explains_its_request_and_only_its_own():
     baseline = record(1, {"a": passes("a", comp(IDS)), "b": passes("b", comp(IDS))}, rendered={"a": day1})
     current = record(2, {"a": passes("a", comp([11, 12, 13, 14, 77])), "b": passes("b", comp([11, 12, 13, 14, 99]))},
                      rendered={"a": day2})
-    report = judge(current, baseline)
+    report = judge_run(current, baseline)
     v = by_key(report)
     assert (v["a"].verdict, v["a"].components) == ("explained_change", ["prompt"])
     assert v["a"].prompt.position == day1.index("01 Mar") + 1 and (v["a"].prompt.baseline_token, v["a"].prompt.token) == (
@@ -217,7 +219,7 @@ def test_a_moved_rendered_prompt_explains_its_request_and_only_its_own():
     # a request whose own text changed: its prompt moving follows from that, and `suite` alone explains it
     edited = record(3, {"a": passes("a", comp([11, 12, 13, 14, 77])), "b": passes("b", comp(IDS))},
                     rendered={"a": day2}, request_hashes={"a": "h-edited"})
-    a = by_key(judge(edited, baseline))["a"]
+    a = by_key(judge_run(edited, baseline))["a"]
     assert (a.verdict, a.components, a.prompt) == ("explained_change", ["suite"], None)
     # the stored form reads back whole
     assert RequestVerdict.from_dict(json.loads(json.dumps(v["a"].to_dict()))).prompt == v["a"].prompt
@@ -226,7 +228,7 @@ def test_a_moved_rendered_prompt_explains_its_request_and_only_its_own():
 def test_equal_rendered_prompts_are_said_beside_a_silent_regression():
     baseline = record(1, {"a": passes("a", comp(IDS)), "b": passes("b", comp(IDS))})
     current = record(2, {"a": passes("a", comp(IDS)), "b": passes("b", comp([11, 12, 13, 14, 99]))})
-    report = judge(current, baseline)
+    report = judge_run(current, baseline)
     assert report.prompts == {"compared": 2, "equal": 2}
     assert Report.from_dict(json.loads(json.dumps(report.to_dict()))).prompts == report.prompts
 
@@ -237,7 +239,7 @@ def test_logprob_only_difference_against_baseline_is_a_silent_regression():
     changed[4] = flip_last_bit(changed[4])
     baseline = record(1, {"a": passes("a", comp(IDS, lps))})
     current = record(2, {"a": passes("a", comp(IDS, changed))})
-    v = by_key(judge(current, baseline))["a"]
+    v = by_key(judge_run(current, baseline))["a"]
     assert v.verdict == "silent_regression"
     assert (v.divergence.kind, v.divergence.position) == ("logprob", 4)
 
@@ -245,7 +247,7 @@ def test_logprob_only_difference_against_baseline_is_a_silent_regression():
 def test_length_difference_against_baseline():
     baseline = record(1, {"a": passes("a", comp(IDS))})
     current = record(2, {"a": passes("a", comp(IDS[:4]))})
-    v = by_key(judge(current, baseline))["a"]
+    v = by_key(judge_run(current, baseline))["a"]
     assert (v.verdict, v.divergence.kind, v.divergence.position) == ("silent_regression", "length", 4)
 
 
@@ -253,7 +255,7 @@ def test_changed_model_explains_the_change():
     baseline = record(1, {"a": passes("a", comp(IDS)), "b": passes("b", comp(IDS))})
     current = record(2, {"a": passes("a", comp(IDS)), "b": passes("b", comp([0] + IDS[1:]))},
                      fp=fingerprint(model={"files": {"model.safetensors": "new"}}))
-    report = judge(current, baseline)
+    report = judge_run(current, baseline)
     v = by_key(report)
     assert report.changed_components == ["model"]
     assert v["a"].verdict == "stable"  # equal outputs stay stable even when the model changed
@@ -268,7 +270,7 @@ def test_changed_suite_hash_explains_only_that_request():
     current = record(2, {"a": passes("a", comp([1] + IDS[1:])), "b": passes("b", comp([2] + IDS[1:]))},
                      fp=fingerprint(suite={"requests": {"a": "h-a", "b": "h-b2"}}),
                      request_hashes={"b": "h-b2"})
-    report = judge(current, baseline)
+    report = judge_run(current, baseline)
     v = by_key(report)
     assert report.changed_components == []  # `suite` is judged per request, never stack-wide
     assert v["a"].verdict == "silent_regression" and v["a"].components == []
@@ -280,14 +282,14 @@ def test_stack_change_and_own_suite_change_are_both_listed():
     baseline = record(1, {"a": passes("a", comp(IDS))})
     current = record(2, {"a": passes("a", comp(IDS[::-1]))}, fp=fingerprint(engine={"dtype": "bf16"}),
                      request_hashes={"a": "changed"})
-    v = by_key(judge(current, baseline))["a"]
+    v = by_key(judge_run(current, baseline))["a"]
     assert v.verdict == "explained_change" and v.components == ["engine", "suite"]
 
 
 def test_new_and_missing_requests():
     baseline = record(1, {"a": passes("a", comp(IDS)), "gone": passes("gone", comp(IDS))})
     current = record(2, {"a": passes("a", comp(IDS)), "added": passes("added", comp(IDS))})
-    report = judge(current, baseline)
+    report = judge_run(current, baseline)
     v = by_key(report)
     assert v["added"].verdict == "new" and v["added"].components == ["suite"]
     assert v["gone"].verdict == "missing" and v["gone"].components == ["suite"]
@@ -295,7 +297,7 @@ def test_new_and_missing_requests():
     assert report.counts == {"stable": 1, "batch_variance": 0, "silent_regression": 0, "explained_change": 0,
                              "new": 1, "missing": 1}
     assert report.exit_code == ExitCode.PASS
-    strict = judge(current, baseline, strict=True)
+    strict = judge_run(current, baseline, Judging(strict=True))
     assert strict.exit_code == ExitCode.REGRESSION
     assert {x.key for x in strict.failing} == {"added", "gone"}
 
@@ -324,7 +326,7 @@ def test_report_to_dict_schema():
     fp = fingerprint(engine={"batch_invariance": {"requested": True, "in_force": False, "reason": "cpu"}})
     current = record(7, {"a": passes("a", comp(IDS)), "b": passes("b", comp([0] + IDS[1:]))}, fp=fp,
                      suite_name="mysuite")
-    d = judge(current, baseline, strict=True).to_dict()
+    d = judge_run(current, baseline, Judging(strict=True)).to_dict()
     assert d["schema"] == REPORT_SCHEMA == "evalgate.report/1"
     assert (d["kind"], d["suite"], d["run_id"], d["baseline_run_id"]) == ("check", "mysuite", 7, 1)
     assert (d["status"], d["exit_code"], d["strict"], d["promoted"]) == ("regression", 1, True, False)
@@ -399,9 +401,9 @@ def test_property_order_independent_and_exact_position(data):
 
     baseline = build(base, {}, keys, 1)
     current = build(base, changes, keys, 2)
-    report = judge(current, baseline)
+    report = judge_run(current, baseline)
     # The same requests arriving in another order (in both runs) get the same verdicts.
-    reordered = judge(build(base, changes, shuffled, 2), build(base, {}, shuffled[::-1], 1))
+    reordered = judge_run(build(base, changes, shuffled, 2), build(base, {}, shuffled[::-1], 1))
     assert summary(report) == summary(reordered)
     assert report.counts == reordered.counts and report.exit_code == reordered.exit_code
 
@@ -416,7 +418,7 @@ def test_property_order_independent_and_exact_position(data):
     assert report.exit_code == (ExitCode.REGRESSION if changes else ExitCode.PASS)
 
     # The same single change between two passes of one run is batch variance at the same position.
-    variance = judge(build(base, changes, shuffled, 3, changed_pass=1), None)
+    variance = judge_run(build(base, changes, shuffled, 3, changed_pass=1), None)
     for key, (position, kind) in changes.items():
         v = by_key(variance)[key]
         assert v.verdict == "batch_variance"
@@ -493,7 +495,7 @@ def test_a_difference_is_attributed_to_the_one_factor_its_pass_changed():
         "batch": planned("batch", comp(IDS), comp(IDS), comp(OTHER), comp(OTHER)),  # the shuffle agrees with c=8
         "order": planned("order", comp(IDS), comp(IDS), comp(IDS), comp(OTHER)),
     }, schedule=PLAN)
-    report = judge(current, None, kind="baseline")
+    report = judge_run(current, None, Judging("baseline"))
     v = by_key(report)
     assert v["same"].verdict == "stable"
     assert (v["cache"].verdict, v["cache"].factor) == ("batch_variance", "prefix_cache")
@@ -508,7 +510,7 @@ def test_a_difference_is_attributed_to_the_one_factor_its_pass_changed():
 def test_a_request_varying_under_two_factors_names_both():
     current = record(2, {"k": planned("k", comp(IDS), comp(OTHER), comp([0] + IDS[1:]), comp([0] + IDS[1:]))},
                      schedule=PLAN)
-    v = by_key(judge(current, None))["k"]
+    v = by_key(judge_run(current, None))["k"]
     assert v.factor == "prefix_cache" and v.passes["factors"] == ["prefix_cache", "batch_size"]
     assert v.passes["differing_passes"] == 2
 
@@ -518,7 +520,7 @@ def test_a_comparison_with_no_request_in_both_passes_is_never_invariant():
 
     # pass 2 (batch size) ran nothing: its comparison is not evidence of invariance
     current = record(2, {"k": planned("k", comp(IDS), comp(IDS))}, schedule={"passes": PLAN["passes"][:3]})
-    report = judge(current, None)
+    report = judge_run(current, None)
     assert [(f["pass"], f["compared"], f["differing"]) for f in report.factors] == [(1, 1, 0), (2, 0, 0)]
     lines = factor_lines(report.factors)
     assert lines == ["invariant under: prefix cache cold→hot",
@@ -531,7 +533,7 @@ def test_hot_pass_cache_hits_are_counted_from_the_engine():
         cs = planned(key, comp(IDS), comp(IDS), comp(IDS), comp(IDS))
         cs[1].cached_tokens = cached
         outs[key] = cs
-    report = judge(record(2, outs, schedule=PLAN), None)
+    report = judge_run(record(2, outs, schedule=PLAN), None)
     assert report.cache_hits == [{"pass": 1, "hit": 1, "missed": 1, "unknown": 0}]
     from evalgate.reports.explain import factor_lines
 
@@ -545,13 +547,13 @@ def test_baseline_comparison_is_per_condition():
     # the check's hot pass equals the baseline's hot pass, its cold passes the baseline's cold ones
     current = record(2, {"k": planned("k", comp(IDS), comp(OTHER), comp(IDS), comp(IDS))}, schedule=PLAN)
     # judged alone, each run has prefix-cache variance; against each other, every condition agrees
-    assert by_key(judge(current, None))["k"].factor == "prefix_cache"
-    report = judge(current, baseline)
+    assert by_key(judge_run(current, None))["k"].factor == "prefix_cache"
+    report = judge_run(current, baseline)
     assert [(p["baseline_pass"], p["current_pass"]) for p in report.baseline_pairs] == [(0, 0), (1, 1), (2, 2), (3, 3)]
     # a check whose hot pass departs from the baseline's hot pass (and agrees with its own cold pass)
     hot_only = {"passes": [p for p in PLAN["passes"] if p["index"] in (0, 1)]}
     current = record(3, {"k": planned("k", comp(IDS), comp(IDS))}, schedule=hot_only)
-    v = by_key(judge(current, baseline))["k"]
+    v = by_key(judge_run(current, baseline))["k"]
     assert v.verdict == "silent_regression"
     assert v.passes == {"baseline_pass": 1, "pass": 1, "condition": "concurrency 1, given order, cache hot"}
 
@@ -560,7 +562,7 @@ def test_a_check_with_no_condition_in_common_compares_first_passes_and_says_so()
     baseline = record(1, {"k": planned("k", comp(IDS))}, schedule={"passes": PLAN["passes"][:1]})
     other = {"passes": [dict(PLAN["passes"][2], index=0, reference=None, factor=None)]}  # c=8 only
     current = record(2, {"k": passes("k", comp(IDS))}, schedule=other)
-    report = judge(current, baseline)
+    report = judge_run(current, baseline)
     assert report.baseline_pairs == [{"baseline_pass": 0, "current_pass": 0, "same_condition": False,
                                       "condition": "baseline concurrency 1, given order, cache cold vs "
                                                    "concurrency 8, given order, cache cold"}]
@@ -571,12 +573,12 @@ def test_a_run_recorded_before_conditions_still_judges_unattributed():
     old = {"passes": [{"index": 0, "concurrency": 1, "repeat": 0, "order_seed": None},
                       {"index": 1, "concurrency": 4, "repeat": 0, "order_seed": None}]}
     current = record(2, {"k": passes("k", comp(IDS), comp(OTHER))}, schedule=old)
-    v = by_key(judge(current, None))["k"]
+    v = by_key(judge_run(current, None))["k"]
     assert (v.verdict, v.factor) == ("batch_variance", None)
     # and a new check against that old baseline compares the old first pass (cold) with the new reference
     baseline = record(1, {"k": passes("k", comp(IDS), comp(OTHER))}, schedule=old)
     current = record(3, {"k": planned("k", comp(IDS), comp(IDS), comp(IDS), comp(IDS))}, schedule=PLAN)
-    report = judge(current, baseline)
+    report = judge_run(current, baseline)
     assert [(p["baseline_pass"], p["current_pass"]) for p in report.baseline_pairs] == [(0, 0)]
     assert by_key(report)["k"].verdict == "stable"
 
@@ -584,12 +586,12 @@ def test_a_run_recorded_before_conditions_still_judges_unattributed():
 def test_golden_json_fields_of_conditions():
     """Pins the fields docs/json-report.md documents for conditions and factors."""
     current = record(2, {"k": planned("k", comp(IDS), comp(OTHER), comp(IDS), comp(IDS))}, schedule=PLAN)
-    d = judge(current, None, kind="baseline").to_dict()
+    d = judge_run(current, None, Judging("baseline")).to_dict()
     assert set(d) == {"schema", "kind", "suite", "run_id", "baseline_run_id", "status", "exit_code", "strict",
                       "promoted", "counts", "changed_components", "batch_invariance", "requests", "metrics",
                       "task_changes", "factors", "cache_hits", "baseline_pairs", "not_run", "alone_coverage",
                       "gate", "differences", "hardware", "classes", "fingerprint_changes", "hardware_class",
-                      "hardware_label", "prompts", "template_date", "engine_log"}
+                      "hardware_label", "prompts", "template_date", "engine_log", "updates"}
     assert d["alone_coverage"] is None  # the full schedule; the rotating preset's: tests/plumbing/test_rotation.py
     assert d["factors"][0] == {"factor": "prefix_cache", "comparison": "prefix cache cold→hot", "reference_pass": 0,
                                "pass": 1, "differing": 1, "compared": 1, "requests": 1, "keys": ["k"]}
@@ -615,7 +617,7 @@ def test_the_near_tie_margin_follows_the_dtype_and_is_recorded_resolved(dtype, m
     fp, gate = fingerprint(engine={"dtype": dtype}), {"gate": {"fail_on": "bits", "near_tie_margin": None}}
     baseline = record(1, {"a": passes("a", comp([1, 2, 3], lps=lps, top=top))}, fp=fp, schedule=gate)
     current = record(2, {"a": passes("a", comp([1, 9, 3], lps=lps, top=top))}, fp=fp, schedule=gate)
-    report = judge(current, baseline)
+    report = judge_run(current, baseline)
     (v,) = report.verdicts
     assert (v.verdict, v.flip) == ("silent_regression", expected)
     tie = {"torch.bfloat16": 0.25, "torch.float32": 1e-3}[dtype]

@@ -4,11 +4,12 @@ and colour, and that each metric's line puts the highest value on top."""
 from __future__ import annotations
 
 from evalgate.reports.history_strip import COLOURS, HISTORY_RUNS, history_strip
+from evalgate.store.listing import ReportHeader
 
 
 def row(run, verdict="pass", counts=None, hardware="A", metrics=None, changed=None):
-    return {"run": run, "kind": "check", "verdict": verdict, "counts": counts or {"stable": 4}, "finished": None,
-            "hardware_class": hardware, "changed": changed, "metrics": metrics}
+    return ReportHeader(run=run, finished=None, kind="check", verdict=verdict, counts=counts or {"stable": 4},
+                        baseline_run=None, hardware_class=hardware, changed=changed, metrics=metrics)
 
 
 def metric(value):

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from evalgate.configuration.schedule import Schedule, plan_passes
 from evalgate.configuration.suite import load_suite
 from evalgate.fingerprint import COMPONENTS, component, fingerprint_hash
-from evalgate.judgement.verdict import judge
+from evalgate.judgement.judging import judge_run
 from evalgate.records import Completion, StoredCompletion, decode_payload, encode_payload, pack_floats, pack_ids
 from evalgate.store import Store
 from evalgate.store.db import _alembic_config
@@ -170,7 +170,7 @@ def test_equal_outputs_are_stored_once_and_compared_without_decoding(tmp_path):
         assert conn.execute(sa.text("select count(*) from outputs")).scalar() == 2 * 3 * 20
         assert conn.execute(sa.text("select count(*) from payloads")).scalar() == 20  # 120 outputs, 20 distinct
     current, base = store.load(check), store.load(baseline)
-    report = judge(current, base)
+    report = judge_run(current, base)
     assert report.counts["stable"] == 20 and not report.failing
     loaded = [c for record in (current, base) for outs in record.outputs.values() for c in outs]
     assert len(loaded) == 120 and all(isinstance(c, StoredCompletion) for c in loaded)
@@ -197,7 +197,7 @@ def test_stored_runs_get_the_verdicts_and_divergences_of_in_memory_ones(tmp_path
     base, check = differing_variants()
     suite = write_suite(tmp_path, list(base))
     store = Store(f"sqlite:///{tmp_path / 'e.sqlite'}")
-    stored = judge(store.load(store_run(store, suite, check)), store.load(store_run(store, suite, base, "baseline")))
+    stored = judge_run(store.load(store_run(store, suite, check)), store.load(store_run(store, suite, base, "baseline")))
 
     def in_memory(run_id, variant):
         loaded = store.load(run_id)  # the same request rows and fingerprint, outputs straight from memory
@@ -206,7 +206,7 @@ def test_stored_runs_get_the_verdicts_and_divergences_of_in_memory_ones(tmp_path
                          requests=loaded.requests, outputs=outputs)
 
     base2, check2 = differing_variants()
-    memory = judge(in_memory(2, check2), in_memory(1, base2))
+    memory = judge_run(in_memory(2, check2), in_memory(1, base2))
     got = {v.key: v.to_dict() for v in stored.verdicts}
     want = {v.key: v.to_dict() for v in memory.verdicts}
     assert got == want
@@ -260,9 +260,9 @@ def test_a_database_written_before_payloads_upgrades_and_compares_with_new_runs(
         for got, want in zip(old.outputs[key], completions):
             assert same(got, want) and got.digest == want.digest and got.prompt_ids == [1, 2]
     base2, check = differing_variants()
-    report = judge(store.load(store_run(store, suite, base2)), old)  # a new run against the migrated one
+    report = judge_run(store.load(store_run(store, suite, base2)), old)  # a new run against the migrated one
     assert report.counts["stable"] == len(base) and not report.failing
-    report = judge(store.load(store_run(store, suite, check)), old)
+    report = judge_run(store.load(store_run(store, suite, check)), old)
     assert {v.key: v.verdict for v in report.verdicts if v.verdict != "stable"} == {
         "logprob": "silent_regression", "longer": "silent_regression", "token": "silent_regression",
         "varies": "batch_variance"}

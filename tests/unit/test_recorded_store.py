@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from evalgate import gate
-from evalgate.judgement.verdict import Report
+from evalgate.judgement.judging import Judging, judge_stored, stored_report
+from evalgate.judgement.report import Report
 from evalgate.records import output_digest
 from evalgate.store import Store
 
@@ -42,7 +42,7 @@ def test_the_recording_has_every_kind_of_verdict(store):
 
 def test_every_recorded_run_is_judged_as_it_was(store):
     for run in store.runs():
-        report = gate.judge_runs(store, run.id, run.baseline_run_id, kind=run.kind)
+        report = judge_stored(store, run.id, run.baseline_run_id, Judging(run.kind))
         assert report.counts == run.summary, run.id
         stored_verdicts = store.verdicts(run.id)
         # fields added since the recording (`across`: a cross-hardware class; `prompt`: a moved rendered prompt)
@@ -115,10 +115,10 @@ def test_version_1_and_version_2_payloads_side_by_side_judge_identically(store):
         versions = dict(conn.execute(sa.text("SELECT substr(data, 1, 1), COUNT(*) FROM payloads GROUP BY 1")).all())
     assert set(versions) == {b"\x01", b"\x02"}, versions  # both encodings in one database
     for run in runs:
-        recorded = gate.judge_runs(store, run.id, run.baseline_run_id, kind=run.kind)
+        recorded = judge_stored(store, run.id, run.baseline_run_id, Judging(run.kind))
         for current, baseline in ((copies[run.id], run.baseline_run_id), (copies[run.id], copies[run.baseline_run_id]),
                                   (run.id, copies[run.baseline_run_id])):
-            report = gate.judge_runs(store, current, baseline, kind=run.kind)
+            report = judge_stored(store, current, baseline, Judging(run.kind))
             assert report.counts == recorded.counts == run.summary, run.id
             assert canonical([v.to_dict() for v in report.verdicts]) == canonical([v.to_dict() for v in recorded.verdicts])
             for name in ("factors", "cache_hits", "baseline_pairs", "differences"):
@@ -135,10 +135,11 @@ def test_a_run_recorded_before_reports_were_stored_gets_its_report_once(tmp_path
     shutil.copy(RECORDED, path)
     store = Store(f"sqlite:///{path}")
     for run in store.runs():
-        assert "report" not in run.schedule
-        report = gate.stored_report(store, run.id)
+        assert "report" not in run.schedule and run.report is None
+        report = stored_report(store, run.id)
         assert report.counts == run.summary and report.run_id == run.id, run.id
-        stored = store.get_run(run.id).schedule
+        stored = {"report": store.get_run(run.id).report}  # in its own column (migration 0013)
+        assert "report" not in store.get_run(run.id).schedule
         # read back with the run's verdict rows, whose fields added since the recording are new
         again = Report.from_dict({**stored["report"], "requests": store.verdicts(run.id)}).to_dict()
         added = ("across", "bits_only", "kinds")
@@ -149,7 +150,5 @@ def test_a_run_recorded_before_reports_were_stored_gets_its_report_once(tmp_path
         for name in ("factors", "cache_hits", "baseline_pairs", "differences"):
             assert canonical(stored["report"][name]) == canonical(run.schedule["judged"][name]), (run.id, name)
     first = store.runs()[0]
-    marked = {**store.get_run(first.id).schedule}
-    marked["report"] = {**marked["report"], "fingerprint_changes": {"model": "as stored"}}
-    store.update_schedule(first.id, marked)
-    assert gate.stored_report(store, first.id).fingerprint_changes == {"model": "as stored"}  # read, not rebuilt
+    store.set_report(first.id, {**store.get_run(first.id).report, "fingerprint_changes": {"model": "as stored"}})
+    assert stored_report(store, first.id).fingerprint_changes == {"model": "as stored"}  # read, not rebuilt

@@ -9,11 +9,15 @@ import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 
 import pytest
 
 from evalgate.judgement.compare import Divergence
-from evalgate.judgement.verdict import Report, RequestVerdict
+from evalgate.judgement.paired import PairedTest
+from evalgate.judgement.report import Report
+from evalgate.judgement.scores import MetricRow
+from evalgate.judgement.verdict import RequestVerdict
 from evalgate.records import Completion
 from evalgate.reports import github
 from evalgate.reports.html import RequestDiff, Side, render_html
@@ -367,11 +371,12 @@ def test_a_report_reads_back_as_it_was_written():
     from evalgate.configuration.policy import GatePolicy
 
     report = sample()
-    report.verdicts[1].kinds, report.verdicts[2].kinds = frozenset({"token", "logprob"}), frozenset({"logprob"})
-    report.policy = GatePolicy(fail_on="tokens")
-    report.metrics = [{"task": "t", "metric": "acc", "baseline": 0.5, "current": 0.25, "delta": -0.25, "moved": []}]
-    report.fingerprint_changes = {"model": "files changed"}
-    report.hardware_class, report.hardware_label = "abc", "x86_64 · AVX-512"
+    verdicts = [replace(report.verdicts[0]), replace(report.verdicts[1], kinds=frozenset({"token", "logprob"})),
+                replace(report.verdicts[2], kinds=frozenset({"logprob"})), *report.verdicts[3:]]
+    report = replace(report, verdicts=verdicts, policy=GatePolicy(fail_on="tokens"),
+                     metrics=[MetricRow("t", "acc", 0.5, 0.25, -0.25, moved=[])],
+                     fingerprint_changes={"model": "files changed"}, hardware_class="abc",
+                     hardware_label="x86_64 · AVX-512")
     again = Report.from_dict(json.loads(json.dumps(report.to_dict())))
     assert again.to_dict() == report.to_dict()
     assert again.counts == report.counts and again.counts["stable"] == 1
@@ -395,7 +400,7 @@ def test_terminal_report_suggests_the_bisector_for_each_kind_of_difference():
         "next: evalgate bisect batch 7 " + shlex.quote(NASTY) + "   (which neighbours flip it)",
         "next: evalgate repro 7 'story, 1: *bold* | pipe' -o repro/   (a plain vLLM script that shows it)",
     ]  # the explained change is a model change: no setting or commit to bisect
-    report.changed_components = ["env", "code"]
+    report = replace(report, changed_components=["env", "code"])
     assert next_steps(report)[2:] == [
         "next: evalgate bisect config 3 7   (which setting changed the outputs)",
         "next: evalgate bisect commits --good <baseline commit> --bad HEAD   (which commit)"]
@@ -437,10 +442,8 @@ def test_off_a_terminal_nothing_is_broken_inside_a_word_and_long_lists_are_cappe
     keys = [f"evalgate_capitals/{i}/{i % 4}/0" for i in range(50)]
     verdicts = [RequestVerdict(k, "explained_change", f"{PROMPTS}:{i}", Divergence(2, "token", 5, " a", 6, " b", 0.5),
                                components=["model"]) for i, k in enumerate(keys)]
-    metrics = [{"task": "evalgate_capitals_and_a_long_task_name", "metric": "exact_match,strip_and_more", "baseline": 0.75,
-                "current": 0.5, "delta": -0.25, "stderr": None, "moved": [],
-                "paired": {"test": "mcnemar_exact", "documents": 50, "up": 0, "down": 12, "p_value": 0.00049,
-                           "alpha": 0.05, "significant": True, "direction": "down", "drop": True}}]
+    metrics = [MetricRow("evalgate_capitals_and_a_long_task_name", "exact_match,strip_and_more", 0.75, 0.5, -0.25,
+                         paired=PairedTest("mcnemar_exact", 50, 0, 12, 0.00049, 0.05, True, "down", True))]
     report = Report(kind="check", suite_name="s", run_id=2, baseline_run_id=1, verdicts=verdicts,
                     changed_components=["model"], batch_invariance={}, metrics=metrics)
     out = io.StringIO()

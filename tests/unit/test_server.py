@@ -188,7 +188,7 @@ def _engine_suite(tmp_path: Path, engine: str, extra: str = "") -> Path:
     ('kind = "vllm-server"\nmodel = "m"\nport = 8000', "", "`engine.port` is set by evalgate"),
     ('kind = "vllm-server"\nmodel = "m"\napi_key = "sk-1"', "", "`engine.api_key` is set by evalgate"),
     ('kind = "vllm-server"\nmodel = "m"\nstartup_timeout = "long"', "", "`engine.startup_timeout` must be"),
-    ('kind = "vllm-serve"\nmodel = "m"', "", "use one of: vllm, openai, vllm-server"),
+    ('kind = "vllm-serve"\nmodel = "m"', "", "did you mean 'vllm-server'? available engine kinds: vllm, openai, vllm-server"),
     ('model = "m"', "[load]\nfiller = 4\n", "[load] needs a server engine"),
     ('kind = "vllm-server"\nmodel = "m"', "[load]\nfiller = 0\n", "`load.filler` must be >= 1"),
     ('kind = "vllm-server"\nmodel = "m"', "[load]\nconcurrency = [16]\n", "`load.concurrency` names [16]"),

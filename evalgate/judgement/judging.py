@@ -1,0 +1,182 @@
+"""The one judging pipeline: `judge_run(current, baseline, judging) -> Report`, built from steps that
+return values and never edit one another's: the verdicts (within the run, then against the baseline,
+verdict.py), the other hardware class's classes applied once (hardware.py), the lm-eval metrics and their
+paired tests (scores.py), then the Report, whole. Creating a baseline, a check, a merge, a diff, a survey and
+a report read back for a run judged before reports were stored all judge through it, and store what it
+returns with the run (`judge_and_store`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Callable
+
+from ..collector import collector_paused
+from ..configuration.policy import GatePolicy
+from ..configuration.schedule import ROTATING, passes_of
+from ..configuration.shard import Shard
+from ..errors import ConfigError
+from ..execution.request import Timings
+from ..fingerprint import delta as fingerprint_delta
+from ..fingerprint import describe_changes, hardware_label
+from ..store import BASELINE_RESCORING, OWN_RESCORING, RunRecord, Store
+from .hardware import across_hardware
+from .prompts import prompts_compared
+from .report import Report
+from .scores import compare_scores, task_changes
+from .verdict import cache_hits, factor_summary, judge_requests, template_date_of
+
+
+@dataclass(frozen=True)
+class Judging:
+    """How a recorded run is judged: as what kind of run, with which policy switches, over which requests
+    (`in_scope`; default: the shard's, else all), and whether its passes may disagree and still promote it."""
+
+    kind: str = "check"
+    strict: bool = False
+    allow_variance: bool = False
+    shard: Shard | None = None
+    in_scope: Callable[[str], bool] | None = None
+    policy: GatePolicy | None = None  # what fails (None: the policy recorded with the run)
+
+    def scope(self) -> Callable[[str], bool]:
+        return self.in_scope or (self.shard.contains if self.shard else (lambda key: True))
+
+
+def judge_run(current: RunRecord, baseline: RunRecord | None = None, judging: Judging = Judging(),
+              store: Store | None = None) -> Report:
+    """The whole judgement of a recorded run against a baseline run (or none). With the `store` they are in,
+    the sections that read more of it too: the lm-eval metrics, the rescorings across hardware and the
+    rotating preset's coverage."""
+    policy = judging.policy or GatePolicy.from_dict((current.run.schedule or {}).get("gate"))
+    engine = current.fingerprint.get("engine", {}).get("data", {})
+    policy = policy.for_dtype(engine.get("dtype"))  # the near-tie margin, by the dtype unless the suite sets it
+    changed = fingerprint_delta(baseline.fingerprint, current.fingerprint) if baseline else []
+    decided = judge_requests(current, baseline, policy, changed, judging.scope())
+    verdicts, hardware = decided.verdicts, None
+    if baseline is not None and baseline.run.hardware_class != current.run.hardware_class:
+        here, there = rescorings(store, current, baseline) if store is not None else (None, None)
+        verdicts, hardware = across_hardware(verdicts, current, baseline, here, there, policy)
+    schedule = current.run.schedule or {}
+    passes = passes_of(schedule)
+    log = current.run.engine_log
+    report = Report(
+        kind=judging.kind, suite_name=current.run.suite_name, run_id=current.id,
+        baseline_run_id=baseline.id if baseline else None, verdicts=verdicts, changed_components=changed,
+        batch_invariance=engine.get("batch_invariance", {}), strict=judging.strict,
+        fingerprint_changes=describe_changes(baseline.fingerprint, current.fingerprint, changed + fingerprint_delta(
+            baseline.fingerprint, current.fingerprint, ("prompt",))) if baseline else {},
+        metrics=compare_scores(store, current.id, baseline.id if baseline else None,
+                               {v.key: v.verdict for v in verdicts}, policy.metric_alpha) if store is not None else [],
+        task_changes=task_changes(baseline.fingerprint, current.fingerprint) if baseline else {},
+        engine_log=log if log and os.path.isfile(log) else None,
+        factors=factor_summary(passes, decided.varying, current), cache_hits=cache_hits(current, passes),
+        baseline_pairs=[pair.to_dict() for pair in decided.pairs], not_run=list(schedule.get("not_run") or []),
+        alone_coverage=store.alone_coverage(current.run, schedule["rotation"], min(schedule["concurrency"]))
+        if store is not None and schedule.get("preset") == ROTATING else None,
+        policy=policy, hardware=hardware, hardware_class=current.run.hardware_class,
+        hardware_label=hardware_label(current.fingerprint.get("hardware") or {}),
+        prompts=prompts_compared(current, baseline) if baseline is not None else None,
+        template_date=template_date_of(current, baseline))
+    return replace(report, promoted=promotes(report, allow_variance=judging.allow_variance, shard=judging.shard))
+
+
+def promotes(report: Report, *, allow_variance: bool = False, shard: Shard | None = None) -> bool:
+    """The one promotion rule: a baseline run of the whole suite (a shard is part of one: its group's merge
+    decides) whose passes agree, or any baseline run with `allow_variance`. A check never promotes."""
+    return report.kind == "baseline" and shard is None and (allow_variance or not report.failing)
+
+
+def rescorings(store: Store, current: RunRecord, baseline: RunRecord) -> tuple[RunRecord | None, RunRecord | None]:
+    """The two rescorings of the baseline's tokens (execution/rescore.py): here (the run judged against it
+    made one) and on the baseline's own class (recorded with it). None where there is none."""
+    def loaded(run_id: int, which: int) -> RunRecord | None:
+        record = store.load(run_id, rescoring=which)
+        return record if record.digests else None
+
+    # a run being judged has no baseline_run_id yet; a stored one made its rescoring against its own baseline
+    here = loaded(current.id, BASELINE_RESCORING) if current.run.baseline_run_id in (None, baseline.id) else None
+    return here, loaded(baseline.id, OWN_RESCORING)
+
+
+def judge_stored(store: Store, run_id: int, baseline_run_id: int | None, judging: Judging = Judging()) -> Report:
+    """`judge_run` on two stored runs (the baseline: None for none)."""
+    with collector_paused():
+        baseline = store.load(baseline_run_id) if baseline_run_id is not None else None
+        return judge_run(store.load(run_id), baseline, judging, store)
+
+
+def judge_and_store(store: Store, run_id: int, baseline_run_id: int | None, judging: Judging,
+                    timings: Timings | None = None) -> Report:
+    """Judge a recorded run and finish it: complete, with its report, and the baseline of its class if it
+    `promotes`. Anything that fails here leaves the run incomplete, never complete. `timings`: the run's,
+    recorded with it, judging's own time (`evalgate`) added."""
+    timings = timings if timings is not None else Timings()
+    try:
+        with timings.phase("evalgate"):
+            report = judge_stored(store, run_id, baseline_run_id, judging)
+        run = store.get_run(run_id)
+        # the policy it was judged under, and where the time went
+        schedule = {**(run.schedule or {}), "gate": report.policy.to_dict(), "timings": dict(timings)}
+        store.finish_run(
+            run_id, status="complete", verdict=report.status, exit_code=int(report.exit_code), summary=report.counts,
+            verdicts=[v.to_dict() for v in report.verdicts if v.verdict != "stable"], schedule=schedule,
+            report=report.to_dict(requests=False), baseline_run_id=baseline_run_id, promote=report.promoted)
+    except BaseException as exc:
+        store.mark_incomplete(run_id, "failed", f"{type(exc).__name__}: {exc}")
+        raise
+    return report
+
+
+def stored_report(store: Store, run_id: int) -> Report | None:
+    """The report stored with a judged run, read back whole (None: the run was never judged: it did not
+    finish, or it is a cost or bisect measurement). A run judged before reports were stored is judged again
+    once, as then, and its report stored."""
+    run = store.get_run(run_id)
+    if run.report is not None:
+        return Report.from_dict({**run.report, "requests": store.verdicts(run_id)})
+    if run.status != "complete" or run.kind not in ("baseline", "check") or run.verdict is None:
+        return None
+    report = judge_stored(store, run_id, run.baseline_run_id, Judging(run.kind))
+    report = replace(report, promoted=store.baseline_for(run.suite_name, run.hardware_class) == run_id)
+    store.set_report(run_id, report.to_dict(requests=False))
+    return report
+
+
+def record_update(store: Store, run_id: int, action: str, **changes) -> Report:
+    """What happened to a judged run since (adopted, accepted), recorded on its stored report: the action
+    and when, with the fields it changes (`changes`)."""
+    report = stored_report(store, run_id)
+    at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    report = replace(report, **changes, updates=[*report.updates, {"action": action, "at": at}])
+    store.set_report(run_id, report.to_dict(requests=False))
+    return report
+
+
+def compare_runs(store: Store, run_a: int, run_b: int) -> Report:
+    """Judge run B against run A as if A were the baseline (for `evalgate diff`)."""
+    for run_id in (run_a, run_b):
+        if not store.has_outputs(run_id):
+            raise ConfigError(f"run {run_id} has no outputs to compare",
+                              fix="pick runs that got past engine start (see `evalgate runs list`)")
+    return judge_stored(store, run_b, run_a, Judging("diff"))
+
+
+def combine(reports: list[Report]) -> Report:
+    """One verdict over a check's shards merged per hardware class: every request's verdict, and per class
+    the merged run, the baseline it was judged against (its own class's or another's) and its result."""
+    first = reports[0]
+    return Report(
+        kind=first.kind, suite_name=first.suite_name, run_id=first.run_id, baseline_run_id=first.baseline_run_id,
+        verdicts=[v for r in reports for v in r.verdicts],
+        changed_components=sorted({c for r in reports for c in r.changed_components}),
+        batch_invariance=first.batch_invariance, strict=first.strict, policy=first.policy,
+        fingerprint_changes={k: v for r in reports for k, v in r.fingerprint_changes.items()},
+        not_run=[n for r in reports for n in r.not_run], template_date=first.template_date,
+        prompts={n: sum(r.prompts[n] for r in reports) for n in ("compared", "equal")}
+        if all(r.prompts for r in reports) else None,
+        classes=[{"hardware_class": r.hardware_class, "label": r.hardware_label, "run_id": r.run_id,
+                  "baseline_run_id": r.baseline_run_id, "status": r.status, "counts": r.counts,
+                  "hardware": r.hardware.to_dict() if r.hardware else None} for r in reports])
