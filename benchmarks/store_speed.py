@@ -3,7 +3,8 @@
 Synthetic records shaped like vLLM's (ids below a 49,152-token vocabulary, float32 logprobs, top-5), handed
 to the public `Store` the way this evalgate's engines hand them over (arrays; lists for an evalgate from
 before arrays), and judged with `judgement.judging.judge_stored` (`gate.judge_runs` before it), what
-`evalgate check` runs. Prints measured figures; not a test. `benchmarks/before_after.py` runs it on two checkouts side by side (`make bench`).
+`evalgate check` runs. Prints measured figures; not a test. `benchmarks/before_after.py` runs it on two
+checkouts side by side (`make bench`).
 
     .venv/bin/python benchmarks/store_speed.py [--requests 5000] [--passes 3] [--tokens 64] [--top-k 5] [--trials 3] [--json]
 
