@@ -324,6 +324,9 @@ def green_path(cli, tmp_path, model, store_url, store_backend, kind):
     assert "identity unchanged" in diffed.stdout
     cli("baseline", "accept", "2", "--suite", suite, check=0)
     assert db_baselines(db) == [("test", 2)]
+    # the acceptance is recorded on the check's stored report
+    accepted = json.loads(cli("runs", "show", "2", "--suite", suite, "--json", check=0).stdout)["report"]
+    assert accepted["promoted"] is True and [u["action"] for u in accepted["updates"]] == ["accepted"]
 
 
 def chromium() -> str:

@@ -71,10 +71,29 @@ def test_drift_and_a_near_tie_pass_across_hardware_then_adoption_judges_like_wit
         db, "select receipt from baselines order by run_id")]
     assert receipts[0] is None and receipts[1]["adopted_from"] == 1 and receipts[1]["rescored"] is True
     assert receipts[1]["counts"] == {"identical": 4, "drift": 1, "near_tie": 1, "confident": 0}
+    # the adoption is recorded on the check's stored report, read back whole
+    stored = json.loads(inline_cli("runs", "show", "2", "--suite", suite, "--json", check=0).stdout)["report"]
+    assert stored["hardware"]["adopted"] is True and stored["promoted"] is True
+    assert [u["action"] for u in stored["updates"]] == ["adopted"] and stored["counts"] == report["counts"]
     # now this class has its own baseline: judged like with like, bit for bit, no cross-hardware section
     inline_cli("check", suite, "--json-report", tmp_path / "again.json", check=0)
     again = read_json(tmp_path / "again.json")
     assert again["baseline_run_id"] == 2 and again["hardware"] is None and again["counts"]["stable"] == 6
+
+
+def test_check_adopt_returns_and_stores_the_adopted_report(inline_cli, tmp_path, fake_model, monkeypatch):
+    """`check --adopt` with no confident flip: the check becomes its class's baseline, and the report it writes
+    is the stored one, adoption included (the same bytes `evalgate report` reads back)."""
+    suite = suite_with(tmp_path, fake_model, 'fake_hardware_drift = ["p000"]')
+    inline_cli("baseline", "create", suite, check=0)
+    monkeypatch.setenv(*OTHER_CLASS)
+    inline_cli("check", suite, "--adopt", "--json-report", tmp_path / "c.json", check=0)
+    written = read_json(tmp_path / "c.json")
+    assert written["hardware"]["adopted"] is True and [u["action"] for u in written["updates"]] == ["adopted"]
+    stored = json.loads(inline_cli("runs", "show", str(written["run_id"]), "--suite", suite, "--json",
+                                   check=0).stdout)["report"]
+    assert stored == written
+    assert db_query(database_url(suite), "select run_id from baselines order by run_id") == [(1,), (2,)]
 
 
 def test_a_confident_flip_fails_and_is_never_adopted(inline_cli, tmp_path, fake_model, monkeypatch):

@@ -47,3 +47,27 @@ def test_the_head_a_store_is_opened_at_without_alembic_is_alembics_head():
     from evalgate.store.db import SCHEMA_HEAD
 
     assert SCHEMA_HEAD == head_revision()
+
+
+def test_0013_moves_each_stored_report_into_its_own_column_and_back(tmp_path):
+    """A report kept in `runs.schedule["report"]` (0012) moves to `runs.report` whole, the schedule keeps the rest;
+    a run with no report (judged before reports were stored) keeps NULL; the downgrade puts it back."""
+    import json
+
+    db = tmp_path / "old.sqlite"
+    engine = create_engine(f"sqlite:///{db}")
+    report = {"schema": "evalgate.report/1", "kind": "check", "counts": {"stable": 3}, "metrics": [{"task": "t"}]}
+    schedules = [{"timings": {"inference": 1.5}, "report": report}, {"judged": {"factors": []}}]
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "0012")
+        for schedule in schedules:
+            conn.exec_driver_sql("insert into runs (suite_name, suite_path, kind, status, schedule, started_at) "
+                                 "values ('s', '/s.toml', 'check', 'complete', ?, '2026-01-01 00:00:00')",
+                                 (json.dumps(schedule),))
+        command.upgrade(_alembic_config(conn), "0013")
+        rows = [(json.loads(s), r and json.loads(r)) for s, r in conn.exec_driver_sql(
+            "select schedule, report from runs order by id")]
+        assert rows == [({"timings": {"inference": 1.5}}, report), ({"judged": {"factors": []}}, None)]
+        command.downgrade(_alembic_config(conn), "0012")
+        assert [json.loads(s) for (s,) in conn.exec_driver_sql("select schedule from runs order by id")] == schedules
+    engine.dispose()
