@@ -74,14 +74,16 @@ class Candidate:
 
 
 def default_candidates() -> list[Candidate]:
-    """The suite's own configuration with batch invariance requested and not, the known invariance by
-    construction, one sequence at a time (`max_num_seqs=1`), and the remedy for the `prefix_cache` factor:
-    no prefix cache (judgement/factors.py remedies)."""
+    """The suite's own configuration with batch invariance requested and not, then the remedies of the batch
+    and prefix-cache factors as their declarations give them (configuration/remedy.py): one sequence at a
+    time (`max_num_seqs=1`, invariance by construction) and no prefix cache."""
+    from .judgement.factors import remedy_settings
+
     return [
         Candidate("batch-invariant", batch_invariant=True),
         Candidate("batched", batch_invariant=False),
-        Candidate("max-num-seqs-1", engine_args={"max_num_seqs": 1}, batch_invariant=False),
-        Candidate("no-prefix-cache", engine_args={"enable_prefix_caching": False}, batch_invariant=False),
+        Candidate("max-num-seqs-1", engine_args=remedy_settings("batch_size"), batch_invariant=False),
+        Candidate("no-prefix-cache", engine_args=remedy_settings("prefix_cache"), batch_invariant=False),
     ]
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from . import __version__
 from .configuration.policy import FAIL_ON
 from .configuration.schedule import FULL, PRESETS, ROTATING
+from .configuration.suite_file import SUITE_FILE
 from .errors import ConfigError
 
-SUITE_FILE = "evalgate.toml"
 PROMPTS_FILE = "prompts.jsonl"
 WORKFLOW_FILE = ".github/workflows/evalgate.yml"
 BASELINES_DIR = "baselines"
@@ -155,79 +155,27 @@ def example_prompts(chat: bool) -> list[dict]:
     return lines
 
 
+def _render(template: str, s: Scaffold) -> str:
+    """One of the files `init` writes, from its template (evalgate/templates/init/) and the scaffold's choices."""
+    import jinja2
+    import tomlkit
+
+    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates" / "init"),
+                                     trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                                     undefined=jinja2.StrictUndefined, autoescape=False)
+    environment.filters["toml"] = lambda value: tomlkit.item(value).as_string()  # a TOML value, quoted as TOML
+    model = _path_in_suite(s.model, s.directory) if s.model is not None else None
+    return environment.get_template(template).render(
+        s=s, model=model, prompts=_path_in_suite(s.prompts, s.directory) if s.prompts else PROMPTS_FILE,
+        max_model_len=model_max_len(s.model) if s.model else MAX_MODEL_LEN, rotating=ROTATING, suite_file=SUITE_FILE)
+
+
 def suite_text(s: Scaffold) -> str:
-    q = json.dumps  # TOML basic strings and JSON strings agree for what is written here
-    prompts = _path_in_suite(s.prompts, s.directory) if s.prompts else PROMPTS_FILE
-    engine = ['kind = "openai"', f"base_url = {q(s.url)}", f"served_model = {q(s.served_model)}"] if s.url else []
-    if s.model is not None:
-        engine.append(f"model = {q(_path_in_suite(s.model, s.directory))}")
-    if s.url is None:
-        length = model_max_len(s.model) if s.model else MAX_MODEL_LEN
-        engine += ['dtype = "float32"           # exact and fast on any CPU; on a GPU, "auto" (the checkpoint\'s dtype)',
-                   f"max_model_len = {length:<14}# raise it for longer prompts (up to the model's)",
-                   "enforce_eager = true         # starts in seconds; CUDA graphs are a condition of their own",
-                   "seed = 0",
-                   "batch_invariant = true       # requested; in force where vLLM supports it (CUDA/ROCm/XPU)"]
-    if s.engine_extra.strip():
-        engine.append(s.engine_extra.strip())
-    lm_eval = ""
-    if s.tasks:
-        lm_eval = ("\n[lm_eval]                    # lm-eval tasks run as requests too (docs/suite.md)\n"
-                   f"tasks = [{', '.join(q(t) for t in s.tasks)}]\n"
-                   "limit = 20                   # documents per task: raise it once the gate is green\n")
-    schedule = (f'preset = "{ROTATING}"          # one crowded pass and a rotating sample alone (docs/cost.md)\n'
-                "rotation = 8\n" if s.preset == ROTATING else "shuffles = 0\n")
-    return f"""\
-# evalgate suite written by `evalgate init` (format: docs/suite.md)
-[suite]
-name = {q(s.suite_name)}
-database = {q(s.database)}   # relative to this file; commit the SQLite file, or use PostgreSQL
-code_paths = [{q(prompts)}]
-
-[engine]
-{chr(10).join(engine)}
-
-[sampling]
-temperature = 0.0
-max_tokens = 32
-logprobs = 5
-
-[prompts]
-file = {q(prompts)}
-{lm_eval}
-[schedule]
-concurrency = [1, 8]         # alone, then crowded: what batch variance is measured between
-{schedule}hot_pass = false              # short prompts fit in one prefix-cache block: a hot pass would repeat a cold one
-
-[gate]
-fail_on = {q(s.fail_on)}               # bits: any difference fails; tokens: logprob-bit drift is reported, token flips fail
-"""
+    return _render("evalgate.toml.j2", s)
 
 
 def workflow_text(s: Scaffold) -> str:
-    model_cache = (f"\n          model-cache-path: {_path_in_suite(s.model, s.directory)}   # the model must be on the runner"
-                   if s.model is not None else "")
-    return f"""\
-# written by `evalgate init`: the gate on every pull request and on main (docs/ci.md)
-name: evalgate
-on:
-  pull_request:
-  push:
-    branches: [main]
-permissions:
-  contents: read
-  pull-requests: write   # the one PR comment evalgate keeps up to date (fork PRs: the job summary instead)
-jobs:
-  evalgate:
-    runs-on: ubuntu-latest   # a CPU runner (extra: cpu); on a GPU runner use extra: gpu
-    steps:
-      - uses: actions/checkout@v4
-      - uses: {s.action}
-        with:
-          suite: {SUITE_FILE}
-          extra: cpu
-          fail-on: {s.fail_on}{model_cache}
-"""
+    return _render("evalgate.yml.j2", s)
 
 
 def scaffold_files(s: Scaffold) -> dict[str, str]:

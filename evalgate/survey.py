@@ -12,24 +12,18 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from .configuration.schedule import FULL, Schedule
 from .configuration.suite import Suite
 from .execution.request import Progress, RunRequest, Timings
 from .gate import execute_and_judge, suite_database
+from .judgement.factors import remedy_settings
 from .judgement.judging import Judging
 from .judgement.report import Report
 from .store import existing_store
 
 SURVEY_KIND = "survey"
 
-# What removes each factor's variance where batch-invariant kernels are not in force: one sequence at a time
-# for who shares the batch, no prefix cache for the cache (judgement/factors.py words them; `evalgate cost`
-# prices both).
-ENGINE_REMEDIES = {"batch_size": {"max_num_seqs": 1}, "neighbours": {"max_num_seqs": 1}, "order": {"max_num_seqs": 1},
-                   "prefix_cache": {"enable_prefix_caching": False},
-                   "chunked_prefill": {"enable_chunked_prefill": False}}
 
 
 def survey(suite: Suite, store=None, *, schedule: Schedule | None = None, probes: tuple[str, ...] | None = None,
@@ -81,32 +75,21 @@ def failing_factors(report: Report) -> list[str]:
 
 
 def remedy_args(factors: list[str]) -> dict:
-    """The engine settings that remove the variance under these factors (a factor without a known setting
-    adds nothing: `unremedied` names it)."""
+    """The engine settings that remove the variance under these factors, as each factor's remedy declares
+    them (configuration/remedy.py; a factor without a setting adds nothing: `unremedied` names it)."""
     args: dict = {}
     for factor in factors:
-        args.update(ENGINE_REMEDIES.get(factor, {}))
+        args.update(remedy_settings(factor))
     return args
 
 
 def unremedied(factors: list[str]) -> list[str]:
-    return [f for f in factors if f not in ENGINE_REMEDIES]
+    return [f for f in factors if not remedy_settings(f)]
 
 
 def setting_lines(args: dict) -> list[str]:
     """Engine settings as the suite file writes them (`max_num_seqs = 1`): what is written is what is shown."""
     return [f"{key} = {json.dumps(value)}" for key, value in args.items()]
-
-
-def write_engine_args(suite_path: Path, args: dict, why: str) -> None:
-    """Add settings to the [engine] table of a suite file evalgate wrote itself (the demo's or `init`'s
-    scaffold, whose [engine] is followed by [sampling]), with a comment saying why."""
-    text = suite_path.read_text(encoding="utf-8")
-    marker = "\n[sampling]"
-    if marker not in text:
-        raise ValueError(f"{suite_path} has no [sampling] table after [engine]: not a file evalgate wrote")
-    lines = "".join(line + "\n" for line in setting_lines(args))
-    suite_path.write_text(text.replace(marker, f"\n# {why}\n{lines}{marker}", 1), encoding="utf-8")
 
 
 @dataclass(frozen=True)

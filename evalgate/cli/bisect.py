@@ -38,7 +38,7 @@ def commits(suite: Optional[Path] = typer.Argument(None, help="Suite TOML file, 
     """Find the first commit between --good and --bad that changes outputs (git bisect run, on only the
     requests that differ). The repository is always left on its original HEAD with no bisect in progress."""
     from ..bisect.commits import bisect_commits
-    from ..configuration.suite import find_suite
+    from ..configuration.suite_file import find_suite
 
     result = bisect_commits(find_suite(suite), good=good, bad=bad, setup=setup, db=db,
                             bounds=_bounds(max_steps, max_seconds), on_trial=print_trial)

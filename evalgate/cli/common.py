@@ -95,10 +95,13 @@ def database_url_for(db: str | None, suite_path: Path | None) -> str:
 
     if db:
         return resolve_database_url(db, Path.cwd())
-    if suite_path is not None or Path("evalgate.toml").is_file():
+    from ..configuration.suite_file import find_suite
+
+    found = find_suite(suite_path, required=False)
+    if found is not None:
         from ..configuration.suite import load_suite
 
-        return load_suite(suite_path or Path("evalgate.toml")).database
+        return load_suite(found).database
     return resolve_database_url(DEFAULT_DATABASE, Path.cwd())
 
 

@@ -142,7 +142,8 @@ def cost(suite_file: Optional[Path] = typer.Argument(None, help="Suite TOML file
     """Measure the price of determinism: throughput, latency, memory and invariance per engine configuration."""
     from .. import cost as cost_lib
     from ..configuration.schedule import with_overrides
-    from ..configuration.suite import find_suite, load_suite
+    from ..configuration.suite import load_suite
+    from ..configuration.suite_file import find_suite
 
     suite = load_suite(find_suite(suite_file), database=db)
     show_notes(suite)

@@ -18,10 +18,11 @@ def demo(directory: Path = typer.Option(Path("evalgate-demo"), "--dir", help="Wo
 
     from .. import gate
     from ..configuration.suite import load_suite
+    from ..configuration.suite_file import add_engine_settings
     from ..models.demo import PERTURBATION, PERTURBED_TENSOR, crowded_tokens_per_second, perturb, write_workspace
     from ..reports.terminal import render_report
     from ..store import open_store
-    from ..survey import failing_factors, remedy_args, setting_lines, write_engine_args
+    from ..survey import failing_factors, remedy_args, setting_lines
     from ..survey import survey as run_survey
     from .survey import show_survey
 
@@ -45,7 +46,7 @@ def demo(directory: Path = typer.Option(Path("evalgate-demo"), "--dir", help="Wo
     failing = failing_factors(surveyed)
     if failing:  # this machine varies: the finding is the lesson, then the setting that removes it
         args = remedy_args(failing)
-        write_engine_args(suite_path, args, "chosen by `evalgate demo`: the passes disagreed on this machine without it")
+        add_engine_settings(suite_path, args, "chosen by `evalgate demo`: the passes disagreed on this machine without it")
         console.print(f"written into {suite_path}: {', '.join(setting_lines(args))}")
         suite = load_suite(suite_path)
     created = step("3. evalgate baseline create", gate.create_baseline, allow_variance=bool(failing))

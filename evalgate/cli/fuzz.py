@@ -31,7 +31,7 @@ def fuzz(suite: Optional[Path] = typer.Argument(None, help="Suite TOML file (eng
     """Mutate the traffic around the gated requests until an output changes, then shrink it to a repro."""
     from ..bisect.fuzz import fuzz as run_fuzz
     from ..bisect.fuzz import parse_budget
-    from ..configuration.suite import find_suite
+    from ..configuration.suite_file import find_suite
 
     result = run_fuzz(find_suite(suite), budget=parse_budget(budget), max_trials=max_trials, keys=key or None,
                       trace_path=trace, events=events, seed=seed, repro_dir=repro, database=db,

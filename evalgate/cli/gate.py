@@ -92,7 +92,8 @@ def _run(kind: str, suite_file, options: RunOptions, **kwargs):
     from .. import gate
     from ..configuration.schedule import with_overrides
     from ..configuration.shard import parse_shard
-    from ..configuration.suite import find_suite, load_suite, with_fail_on
+    from ..configuration.suite import load_suite, with_fail_on
+    from ..configuration.suite_file import find_suite
     from ..reports import github
     from ..reports.json_report import write_json
     from ..reports.junit import write_junit

@@ -45,10 +45,11 @@ def runs_history(suite: Optional[str] = typer.Argument(None, help="A suite file,
                  json_out: bool = JsonRowsOpt):
     """A suite's judged runs at a glance: one line per run, with its verdict counts, what changed since its
     baseline, and each lm-eval metric with its delta."""
+    from ..configuration.suite_file import find_suite, holds_suite
     from ..store.listing import history_rows
 
-    path = Path(suite) if suite else Path("evalgate.toml")
-    if path.is_file():
+    path = Path(suite) if suite else find_suite(required=False)
+    if path is not None and holds_suite(path):
         from ..configuration.suite import load_suite
 
         loaded = load_suite(path, database=db)
@@ -56,7 +57,8 @@ def runs_history(suite: Optional[str] = typer.Argument(None, help="A suite file,
     elif suite:
         name, url = suite, database_url_for(db, None)
     else:
-        raise typer.BadParameter("no ./evalgate.toml: name a suite file or a suite", param_hint="SUITE")
+        raise typer.BadParameter("no suite file here (./evalgate.toml or [tool.evalgate] in ./pyproject.toml): name a "
+                                 "suite file or a suite", param_hint="SUITE")
     rows = history_rows(url, name, limit)
     if json_out:
         print_json([r.to_dict() for r in rows])

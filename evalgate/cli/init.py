@@ -82,7 +82,8 @@ def check_machine(suite_path: Path, interactive: bool) -> None:
     """Survey the new suite; where the gate would fail its passes, write the remedy into the suite (asked on a
     terminal) and survey again to verify it."""
     from ..configuration.suite import load_suite
-    from ..survey import remedy_args, setting_lines, survey, write_engine_args
+    from ..configuration.suite_file import add_engine_settings
+    from ..survey import remedy_args, setting_lines, survey
     from .survey import show_survey
 
     def surveyed(title: str) -> list[str]:
@@ -106,7 +107,7 @@ def check_machine(suite_path: Path, interactive: bool) -> None:
     if interactive and not typer.confirm(f"write {settings} into {suite_path} [engine]?", default=True):
         console.print("not written: `evalgate baseline create` will refuse to promote a run whose passes disagree")
         return
-    write_engine_args(suite_path, args, "chosen by `evalgate init`: the passes disagreed on this machine without it")
+    add_engine_settings(suite_path, args, "chosen by `evalgate init`: the passes disagreed on this machine without it")
     console.print(f"written into {suite_path}: {settings}")
     if surveyed("evalgate survey again, with the setting"):
         console.print("[yellow]the passes still disagree[/]: see docs/conditions.md for what removes it here", soft_wrap=True)

@@ -12,14 +12,13 @@ from .common import console, err_console, handled, open_store_for
 
 
 def _suite_name(db: str | None, suite: Path | None) -> str | None:
-    """The suite whose newest run `--latest` means: --suite's, else ./evalgate.toml's when no --db is given."""
+    """The suite whose newest run `--latest` means: --suite's, else the working directory's (find_suite) when
+    no --db is given."""
     from ..configuration.suite import load_suite
+    from ..configuration.suite_file import find_suite
 
-    if suite is not None:
-        return load_suite(suite).name
-    if not db and Path("evalgate.toml").is_file():
-        return load_suite(Path("evalgate.toml")).name
-    return None
+    found = find_suite(suite, required=False) if suite is not None or not db else None
+    return load_suite(found).name if found is not None else None
 
 
 @handled

@@ -25,7 +25,8 @@ def survey(suite_file: Optional[Path] = SuiteArg,
     """Run the suite's comparisons and print what varies on this machine (and what removes it). The run is
     stored as a survey: it never becomes a baseline and no baseline is read. Exit 0 when it ran."""
     from ..configuration.schedule import with_overrides
-    from ..configuration.suite import find_suite, load_suite, parse_probes
+    from ..configuration.suite import load_suite, parse_probes
+    from ..configuration.suite_file import find_suite
     from ..survey import survey as run_survey
 
     suite = load_suite(find_suite(suite_file), database=db)

@@ -138,17 +138,6 @@ class Suite:
         return {p.key: p.location or f"{self.prompts_file}:{p.line}" for p in self.prompts}
 
 
-def find_suite(path: str | Path | None = None) -> Path:
-    """The suite file to use: the given path, else ./evalgate.toml, else ./pyproject.toml with [tool.evalgate]."""
-    if path is not None:
-        return Path(path)
-    for candidate in (Path("evalgate.toml"), Path("pyproject.toml")):
-        if candidate.is_file() and (candidate.name != "pyproject.toml" or "[tool.evalgate" in candidate.read_text(errors="replace")):
-            return candidate
-    raise ConfigError("no suite file given and none found (evalgate.toml or [tool.evalgate] in pyproject.toml)",
-                      fix="pass the suite file: evalgate check path/to/suite.toml")
-
-
 def parse_probes(value, where: str, sec: str) -> tuple[str, ...]:
     """`probes = ["needle", "prefill_decode"]` or a preset name (`probes = "vllm"`): evalgate/probes/."""
     if isinstance(value, str) and value in PROBE_PRESETS:

@@ -10,34 +10,34 @@ from __future__ import annotations
 
 from functools import cache
 
+from ..configuration.remedy import ONE_SEQUENCE, Remedy
 from ..configuration.schedule import RENAMED_FACTORS, Pass
 from ..probes import PROBES, get_probe
 
-BATCH_REMEDY = "batch invariance (batch_invariant = true on CUDA/ROCm/XPU) or engine.max_num_seqs = 1"
-
 # factor -> (words, remedy, whether it is about who shared the batch)
-SCHEDULE_FACTORS = {
-    "batch_size": ("batch size", BATCH_REMEDY, True),
-    "order": ("order", BATCH_REMEDY, True),
-    "prefix_cache": ("prefix cache", "a per-request cache_salt in production, or engine.enable_prefix_caching = false",
-                     False),
+SCHEDULE_FACTORS: dict[str, tuple[str, Remedy | None, bool]] = {
+    "batch_size": ("batch size", ONE_SEQUENCE, True),
+    "order": ("order", ONE_SEQUENCE, True),
+    "prefix_cache": ("prefix cache", Remedy("a per-request cache_salt in production, or engine.enable_prefix_caching "
+                                            "= false", {"enable_prefix_caching": False}), False),
     "repeat": ("repeat (same condition)",
-               "nothing in the schedule explains it: the engine is nondeterministic (check seed and kernels)", False),
+               Remedy("nothing in the schedule explains it: the engine is nondeterministic (check seed and kernels)"),
+               False),
 }
 
 
 @cache
-def factor_table() -> dict[str, tuple[str, str, bool]]:
+def factor_table() -> dict[str, tuple[str, Remedy | None, bool]]:
     """factor -> (words, remedy, batch factor): the schedule's, then those the registered probes introduce."""
     table = dict(SCHEDULE_FACTORS)
     for name in PROBES.names():
         probe = get_probe(name)
         if probe.words:
-            table.setdefault(probe.factor, (probe.words, probe.remedy or "", probe.batch_factor))
+            table.setdefault(probe.factor, (probe.words, Remedy.of(probe.remedy), probe.batch_factor))
     return table
 
 
-def _about(factor: str | None) -> tuple[str, str, bool] | None:
+def _about(factor: str | None) -> tuple[str, Remedy | None, bool] | None:
     return factor_table().get(RENAMED_FACTORS.get(factor or "", factor or ""))
 
 
@@ -49,7 +49,13 @@ def words(factor: str | None) -> str:
 def remedy(factor: str | None) -> str | None:
     """What removes the factor's effect, for people (None: nothing known)."""
     about = _about(factor)
-    return about[1] if about else None
+    return about[1].text if about and about[1] else None
+
+
+def remedy_settings(factor: str | None) -> dict:
+    """The [engine] settings that remove the factor's effect (empty: no setting does, or nothing is known)."""
+    about = _about(factor)
+    return dict(about[1].settings) if about and about[1] else {}
 
 
 def is_batch_factor(factor: str | None) -> bool:

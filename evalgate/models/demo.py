@@ -13,6 +13,8 @@ import json
 import shutil
 from pathlib import Path
 
+from ..configuration.config import tomllib
+from ..configuration.suite_file import SUITE_FILE, add_engine_settings
 from .smollm2 import build_smollm2
 
 QUESTIONS = [
@@ -105,9 +107,10 @@ def write_workspace(directory: Path, engine_extra: str = "") -> Path:
     for name in ("arith", "capitals"):
         for suffix in (".yaml", ".jsonl"):
             shutil.copy(example_tasks_dir() / f"{name}{suffix}", tasks)
-    suite = directory / "evalgate.toml"
-    text = SUITE_TEMPLATE.replace("\n[sampling]", ("\n" + engine_extra.strip() + "\n" if engine_extra else "") + "\n[sampling]", 1)
-    suite.write_text(text, encoding="utf-8")
+    suite = directory / SUITE_FILE
+    suite.write_text(SUITE_TEMPLATE, encoding="utf-8")
+    if engine_extra.strip():
+        add_engine_settings(suite, tomllib.loads(engine_extra), "as --engine-extra gives them")
     return suite
 
 

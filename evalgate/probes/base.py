@@ -7,7 +7,7 @@ says otherwise) in the probe's one factor, so the passes are judged like every o
 lives on its class:
 
 - `name`, `factor`: the name a suite file uses and the factor its passes change. A probe that introduces
-  a factor of its own also gives its `words` (how people read it), its `remedy` (what removes it) and
+  a factor of its own also gives its `words` (how people read it), its `remedy` (what removes it: words and engine settings) and
   whether it is a `batch_factor` (who shared the batch: the batch bisector can take it apart);
 - `plan(context, add)`: adds its passes (`add(concurrency, reference=..., **condition)`), or returns the
   reason it cannot run on this suite and engine. A pass must differ from its reference in one thing only:
@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 from ..configuration.prompts import Prompt
+from ..configuration.remedy import Remedy
 from ..configuration.schedule import Pass, Schedule
 from ..configuration.trace import Trace
 
@@ -97,7 +98,7 @@ class Probe:
     name: ClassVar[str]
     factor: ClassVar[str]
     words: ClassVar[str | None] = None  # a factor of the probe's own: how people read it
-    remedy: ClassVar[str | None] = None  # ... and what removes it
+    remedy: ClassVar[Remedy | None] = None  # ... and what removes it (words, settings: configuration/remedy.py)
     batch_factor: ClassVar[bool] = False  # ... and whether it is about who shared the batch
     # [probes.<name>] keys: key -> (type, default, the smallest value allowed)
     settings: ClassVar[dict[str, tuple[type, Any, Any]]] = {}

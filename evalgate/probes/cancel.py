@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from ..configuration.prompts import SCORING_TYPES
+from ..configuration.remedy import Remedy
 from ..configuration.trace import Cancel as TraceCancel
 from ..configuration.trace import Event, Trace
 from .base import AddPass, PlanContext, Probe, Wave, WaveContext
@@ -33,7 +34,7 @@ class Cancel(Probe):
     name = "cancel"
     factor = "cancel"
     words = "neighbours cancelled mid-decode"
-    remedy = "an engine fix (vLLM's abort path): report it with the repro pack; none in the settings"
+    remedy = Remedy("an engine fix (vLLM's abort path): report it with the repro pack; none in the settings")
 
     def plan(self, context: PlanContext, add: AddPass) -> str | None:
         if context.placement != "step":

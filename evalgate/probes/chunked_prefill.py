@@ -7,6 +7,7 @@ kind starts such an engine, and one that does not start is reported as not run w
 
 from __future__ import annotations
 
+from ..configuration.remedy import Remedy
 from .base import AddPass, PlanContext, Probe
 
 
@@ -14,7 +15,8 @@ class ChunkedPrefill(Probe):
     name = "chunked_prefill"
     factor = "chunked_prefill"
     words = "chunked prefill"
-    remedy = "engine.enable_chunked_prefill = false, or a max_num_batched_tokens above the longest prompt"
+    remedy = Remedy("engine.enable_chunked_prefill = false, or a max_num_batched_tokens above the longest prompt",
+                    {"enable_chunked_prefill": False})
 
     def engine_args(self, context: PlanContext) -> dict:
         # vLLM wants max_num_seqs <= max_num_batched_tokens; each request runs alone in this probe anyway

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from ..configuration.prompts import SCORING_TYPES, Prompt
+from ..configuration.remedy import Remedy
 from ..engines.defaults import kv_block_size
 from .base import COMPANION_PREFIX, AddPass, PlanContext, Probe, Wave, WaveContext
 from .needle import needle_unit
@@ -28,7 +29,8 @@ class Eviction(Probe):
     name = "eviction"
     factor = "eviction"
     words = "KV-cache eviction"
-    remedy = "an engine fix (block reuse after eviction): report it with the repro pack; more KV-cache memory hides it"
+    remedy = Remedy("an engine fix (block reuse after eviction): report it with the repro pack; more KV-cache memory "
+                    "hides it")
 
     def engine_args(self, context: PlanContext) -> dict:
         blocks = CAPACITY * -(-context.max_model_len // kv_block_size(context.kv_block_size)) + 1

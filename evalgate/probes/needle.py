@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Iterator
 
 from ..configuration.prompts import Prompt
+from ..configuration.remedy import ONE_SEQUENCE
 from .base import COMPANION_PREFIX, AddPass, PlanContext, Probe, Wave, WaveContext
 
 MAX_FILLER_TOKENS = 2048
@@ -24,7 +25,7 @@ class Needle(Probe):
     name = "needle"
     factor = "neighbours"
     words = "neighbours"
-    remedy = "batch invariance (batch_invariant = true on CUDA/ROCm/XPU) or engine.max_num_seqs = 1"
+    remedy = ONE_SEQUENCE
     batch_factor = True
     settings = {"batch": (int, 64, 1), "filler_tokens": (int, 0, 0)}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..configuration.remedy import Remedy
 from ..configuration.schedule import HOT
 from ..engines.defaults import kv_block_size
 from .base import AddPass, PlanContext, Probe
@@ -18,7 +19,7 @@ class Preemption(Probe):
     name = "preemption"
     factor = "preemption"
     words = "preemption"
-    remedy = "more KV-cache memory (gpu_memory_utilization / VLLM_CPU_KVCACHE_SPACE) or a lower max_num_seqs"
+    remedy = Remedy("more KV-cache memory (gpu_memory_utilization / VLLM_CPU_KVCACHE_SPACE) or a lower max_num_seqs")
 
     def engine_args(self, context: PlanContext) -> dict:
         # one request of max_model_len (vLLM wants a block more); stats on: the preemption counter

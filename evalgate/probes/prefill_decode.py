@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..configuration.prompts import SCORING_TYPES, Prompt
+from ..configuration.remedy import Remedy
 from .base import AddPass, PlanContext, Probe, Wave, WaveContext
 
 
@@ -15,7 +16,7 @@ class PrefillDecode(Probe):
     name = "prefill_decode"
     factor = "prefill_decode"
     words = "prefill vs decode"
-    remedy = "batch invariance (batch_invariant = true): its kernels make prefill and decode agree"
+    remedy = Remedy("batch invariance (batch_invariant = true): its kernels make prefill and decode agree")
 
     def plan(self, context: PlanContext, add: AddPass) -> str | None:
         if not context.generating:

@@ -102,3 +102,29 @@ def test_the_cancel_probes_control_is_its_treatment_with_neighbours_finishing_in
         assert aborted.cancel.unit == "steps" and aborted.max_tokens > aborted.cancel.amount  # only the abort ends it
     leaves = [r.cancel.leave_step() for r in treatment]
     assert leaves == sorted(set(leaves))  # one after another
+
+
+def test_remedies_are_data_that_a_suite_accepts(tmp_path):
+    """Each factor's remedy declares its [engine] settings once (configuration/remedy.py): the survey writes
+    them, `cost` prices them, and a suite with them loads on the engine kind it names."""
+    from helpers import write_suite
+
+    from evalgate.configuration.suite import load_suite
+    from evalgate.cost import default_candidates
+    from evalgate.judgement.factors import remedy_settings
+    from evalgate.survey import remedy_args, unremedied
+
+    settings = {factor: remedy_settings(factor) for factor in factor_table()}
+    assert settings["batch_size"] == settings["neighbours"] == {"max_num_seqs": 1}
+    assert settings["prefix_cache"] == {"enable_prefix_caching": False}
+    assert settings["chunked_prefill"] == {"enable_chunked_prefill": False}
+    assert unremedied(list(settings)) == [f for f, s in settings.items() if not s] and "cancel" in unremedied(["cancel"])
+    args = remedy_args(list(settings))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}", encoding="utf-8")
+    extra = "\n".join(f"{key} = {str(value).lower()}" for key, value in args.items())
+    suite = load_suite(write_suite(tmp_path / "s", model, ["a"], extra_engine=extra))
+    assert {key: suite.engine_args[key] for key in args} == args
+    priced = {c.name: c.engine_args for c in default_candidates()}
+    assert priced["max-num-seqs-1"] == settings["batch_size"] and priced["no-prefix-cache"] == settings["prefix_cache"]

@@ -1,0 +1,59 @@
+"""The suite file on disk (evalgate/configuration/suite_file.py): found in one place, and edited with tomlkit so
+that a user's comments, order and layout survive a remedy being written into it."""
+
+from __future__ import annotations
+
+from evalgate.configuration.config import tomllib
+from evalgate.configuration.suite_file import add_engine_settings, find_suite
+
+REORDERED = '''# my suite, my order
+[gate]   # the gate first
+fail_on = "tokens"
+
+[engine]
+model = "m"   # my model
+max_num_seqs = 4
+
+[sampling]
+max_tokens = 8
+'''
+
+
+def test_a_remedy_is_written_into_a_suite_laid_out_by_its_user(tmp_path):
+    suite = tmp_path / "evalgate.toml"
+    suite.write_text(REORDERED, encoding="utf-8")
+    add_engine_settings(suite, {"max_num_seqs": 1, "enable_prefix_caching": False}, "chosen by evalgate init")
+    text = suite.read_text(encoding="utf-8")
+    assert tomllib.loads(text) == {"gate": {"fail_on": "tokens"}, "sampling": {"max_tokens": 8},
+                                   "engine": {"model": "m", "max_num_seqs": 1, "enable_prefix_caching": False}}
+    # every line the user wrote is still there, in order, but the one value set in place
+    kept = [line for line in REORDERED.splitlines() if not line.startswith("max_num_seqs")]
+    lines = text.splitlines()
+    assert [line for line in lines if line in kept] == kept
+    assert "max_num_seqs = 1 # chosen by evalgate init" in lines
+    assert lines[lines.index("enable_prefix_caching = false") - 1] == "# chosen by evalgate init"
+    assert text.index("enable_prefix_caching") < text.index("\n\n[sampling]")  # the table keeps its spacing
+
+
+def test_a_pyproject_suite_and_a_suite_without_an_engine_table(tmp_path):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\nname = "x"  # mine\n\n[tool.evalgate.engine]\nmodel = "m"\n', encoding="utf-8")
+    add_engine_settings(pyproject, {"max_num_seqs": 1}, "why")
+    data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    assert data["tool"]["evalgate"]["engine"] == {"model": "m", "max_num_seqs": 1} and data["project"] == {"name": "x"}
+    assert 'name = "x"  # mine' in pyproject.read_text(encoding="utf-8")
+    bare = tmp_path / "bare.toml"
+    bare.write_text('[suite]\nname = "s"\n', encoding="utf-8")
+    add_engine_settings(bare, {"enable_chunked_prefill": False}, "why")
+    assert tomllib.loads(bare.read_text(encoding="utf-8"))["engine"] == {"enable_chunked_prefill": False}
+
+
+def test_find_suite_is_the_one_discovery(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert find_suite(required=False) is None
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n', encoding="utf-8")
+    assert find_suite(required=False) is None  # a pyproject.toml without [tool.evalgate] is not a suite
+    (tmp_path / "pyproject.toml").write_text('[tool.evalgate.suite]\nname = "x"\n', encoding="utf-8")
+    assert find_suite().name == "pyproject.toml"
+    (tmp_path / "evalgate.toml").write_text('[suite]\nname = "x"\n', encoding="utf-8")
+    assert find_suite().name == "evalgate.toml" and find_suite("other.toml").name == "other.toml"
