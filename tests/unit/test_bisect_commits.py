@@ -69,10 +69,10 @@ def test_unreadable_state_stops_git(tmp_path):
 
 
 @pytest.fixture
-def repo_state(tmp_path, tiny_model):
+def repo_state(tmp_path, fake_model):
     """A one-commit repository with a suite, a bisect session in a store outside it, and a step's state."""
     repo = tmp_path / "repo"
-    write_suite(repo, tiny_model, ["one", "two"], concurrency=(1,), shuffles=0)
+    write_suite(repo, fake_model, ["one", "two"], concurrency=(1,), shuffles=0, kind="fake")
     for args in (["init", "-q"], ["add", "-A"],
                  ["-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-q", "-m", "c0"]):
         subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)

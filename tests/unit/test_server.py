@@ -156,9 +156,11 @@ def flat(proc) -> str:
 
 
 @pytest.fixture
-def fake_cli(cli):
-    cli.env = dict(cli.env, FAKE_SERVER_KEY=KEY)
-    return cli
+def fake_cli(inline_cli):
+    """The CLI in this process (the engine job too) against the fake server: what a subprocess adds is
+    proven by the e2e tier."""
+    inline_cli.env = dict(inline_cli.env, FAKE_SERVER_KEY=KEY)
+    return inline_cli
 
 
 # --- suite validation ------------------------------------------------------------------------------------
