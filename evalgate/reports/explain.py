@@ -8,6 +8,7 @@ import json
 from ..configuration.template_date import WALL_CLOCK
 from ..judgement.compare import Divergence
 from ..judgement.factors import is_batch_factor, remedy, words
+from ..judgement.hardware import AcrossHardware
 from ..judgement.paired import PairedTest
 from ..judgement.verdict import FAILURES, STRICT_FAILURES, RequestVerdict
 
@@ -146,40 +147,40 @@ FLIP_WORDS = {"near_tie": "near-tie flip", "confident": "confident flip"}
 ACROSS_WORDS = {"identical": "identical", "drift": "drift", "near_tie": "near tie", "confident": "confident"}
 
 
-def hardware_lines(section: dict | None, *, flips: int = 10) -> list[str]:
-    """A check judged against another hardware class's baseline (judgement/hardware.py AcrossHardware as a
-    dict): the two classes side by side, the bitwise agreement, the counts per class, the envelope, the
-    tolerances, and each near tie and confident flip with both tokens and both margins."""
-    if not section:
+def hardware_lines(section: AcrossHardware | None, *, flips: int = 10) -> list[str]:
+    """A check judged against another hardware class's baseline (judgement/hardware.py AcrossHardware): the two
+    classes side by side, the bitwise agreement, the counts per class, the envelope, the tolerances, and each
+    near tie and confident flip with both tokens and both margins."""
+    if section is None:
         return []
-    counts, tol, env = section["counts"], section["tolerance"], section.get("envelope")
-    verdict = ("any difference fails" if section["mode"] == "exact"
+    counts, tol, env = section.counts, section.tolerance, section.envelope
+    verdict = ("any difference fails" if section.mode == "exact"
                else "drift and near ties pass, confident flips fail")
-    lines = [f"across hardware: baseline class {section['baseline_class'][:12]} ({section['baseline_label']})",
-             f"                 this class     {section['here_class'][:12]} ({section['here_label']})",
-             f"bitwise: {counts['identical']} of {section['compared']} identical across the two classes; drift "
+    lines = [f"across hardware: baseline class {section.baseline_class[:12]} ({section.baseline_label})",
+             f"                 this class     {section.here_class[:12]} ({section.here_label})",
+             f"bitwise: {counts['identical']} of {section.compared} identical across the two classes; drift "
              f"{counts['drift']}, near ties {counts['near_tie']}, confident {counts['confident']}",
-             f"tolerance ({tol['dtype']}): near tie within ε {tol['epsilon']:g}, drift within cap {tol['cap']:g} nats; "
-             f"other_hardware = {section['mode']}: {verdict}"]
+             f"tolerance ({tol.dtype}): near tie within ε {tol.epsilon:g}, drift within cap {tol.cap:g} nats; "
+             f"other_hardware = {section.mode}: {verdict}"]
     if env and env.get("positions"):
         lines.append(f"envelope: |Δ logprob| between the two rescorings of the baseline's tokens: max {env['max']:.3g}, "
                      f"p99 {env['p99']:.3g} over {env['positions']} positions of {env['requests']} requests")
-    for flip in section.get("flips", [])[:flips]:
-        base, here = flip["baseline_token"], flip["here_token"]
-        gap = f", gap here {flip['gap']:.3g}" if flip.get("gap") is not None else ""
-        lines.append(f"  {flip['key']}: {ACROSS_WORDS[flip['class']]} at token {flip['position']}: baseline "
-                     f"{token_label(base['id'], base['text'])} (margin {margin_text(flip['baseline_margin']) or '?'}), "
-                     f"here {token_label(here['id'], here['text'])} (margin {margin_text(flip['here_margin']) or '?'}){gap}")
-    if len(section.get("flips", [])) > flips:
-        lines.append(f"  ... {len(section['flips']) - flips} more (the JSON report has them all)")
-    lines += [f"note: {note}" for note in section.get("notes", [])]
-    if section.get("adopted"):
+    for flip in section.flips[:flips]:
+        base, here = flip.baseline_token, flip.here_token
+        gap = f", gap here {flip.gap:.3g}" if flip.gap is not None else ""
+        lines.append(f"  {flip.key}: {ACROSS_WORDS[flip.cls]} at token {flip.position}: baseline "
+                     f"{token_label(base['id'], base['text'])} (margin {margin_text(flip.baseline_margin) or '?'}), "
+                     f"here {token_label(here['id'], here['text'])} (margin {margin_text(flip.here_margin) or '?'}){gap}")
+    if len(section.flips) > flips:
+        lines.append(f"  ... {len(section.flips) - flips} more (the JSON report has them all)")
+    lines += [f"note: {note}" for note in section.notes]
+    if section.adopted:
         lines.append("adopted: this run is now the baseline of its hardware class (`evalgate baseline list`)")
     return lines
 
 
 def class_lines(classes: list[dict]) -> list[str]:
-    """A check's shards merged per hardware class (gate.combine): each class's run, baseline and result."""
+    """A check's shards merged per hardware class (judging.combine): each class's run, baseline and result."""
     lines = []
     for c in classes:
         counts = ", ".join(f"{name} {n}" for name, n in c["counts"].items() if n)

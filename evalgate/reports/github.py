@@ -162,7 +162,7 @@ def step_summary(report: Report, fingerprint_changes: Mapping[str, str] | None =
     lines.append("")
     factors = factor_lines(report.factors, report.cache_hits, report.not_run, report.alone_coverage)
     factors += gate_lines(report.differences())
-    factors += hardware_lines(report.hardware.to_dict() if report.hardware else None) + class_lines(report.classes)
+    factors += hardware_lines(report.hardware) + class_lines(report.classes)
     if factors:
         lines += [f"- {md_text(line.strip())}" for line in factors] + [""]
 

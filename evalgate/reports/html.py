@@ -176,7 +176,7 @@ def page_context(run: Run, report: Report | None, sections: dict, diffs: list[Re
         "factor_rows": _factor_rows(factors, hits),
         "factor_lines": [(line.strip(), line.startswith(warn)) for line in lines],
         "across_lines": [(line.strip(), "confident at" in line)
-                         for line in hardware_lines(hardware.to_dict() if hardware else None, flips=50)],
+                         for line in hardware_lines(hardware, flips=50)],
         "metrics": [_metric(m) for m in (report.metrics if report is not None else [])],
         "metrics_failed": metric_failure_line(report) if report is not None else None,
         "requests": [_request(d) for d in diffs[:MAX_REQUESTS]],

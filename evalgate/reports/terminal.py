@@ -70,7 +70,7 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
         console.print(escape(line), style="yellow" if "█" in line else "", soft_wrap=True)
     for line in gate_lines(report.differences()):
         console.print(escape(line), style="yellow" if line.startswith("drift") else "", soft_wrap=True)
-    for line in hardware_lines(report.hardware.to_dict() if report.hardware else None) + class_lines(report.classes):
+    for line in hardware_lines(report.hardware) + class_lines(report.classes):
         console.print(escape(line), style="yellow" if "confident at" in line else "", soft_wrap=True)
     for pair in report.baseline_pairs:
         if not pair.get("same_condition", True):
