@@ -115,6 +115,8 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
         console.print(escape(line), style="dim")
     if report.engine_log:
         console.print(escape(f"engine log: {report.engine_log}"), style="dim", soft_wrap=True)
+    for update in report.updates:  # what happened to the run since it was judged
+        console.print(f"{update['action']} {update['at']}: run {report.run_id} is the baseline of its hardware class since")
     if report.kind == "baseline":
         if report.promoted:
             console.print(f"run {report.run_id} is now the baseline for suite {report.suite_name!r} on this hardware")

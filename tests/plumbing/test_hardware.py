@@ -75,6 +75,7 @@ def test_drift_and_a_near_tie_pass_across_hardware_then_adoption_judges_like_wit
     stored = json.loads(inline_cli("runs", "show", "2", "--suite", suite, "--json", check=0).stdout)["report"]
     assert stored["hardware"]["adopted"] is True and stored["promoted"] is True
     assert [u["action"] for u in stored["updates"]] == ["adopted"] and stored["counts"] == report["counts"]
+    assert "adopted 20" in inline_cli("runs", "show", "2", "--suite", suite, check=0).stdout
     # now this class has its own baseline: judged like with like, bit for bit, no cross-hardware section
     inline_cli("check", suite, "--json-report", tmp_path / "again.json", check=0)
     again = read_json(tmp_path / "again.json")
