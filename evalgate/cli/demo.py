@@ -75,9 +75,9 @@ def demo(directory: Path = typer.Option(Path("evalgate-demo"), "--dir", help="Wo
                   f"after the weight swap, run {changed.run_id}: {changed.counts['explained_change']} explained "
                   f"change(s) attributed to {', '.join(changed.changed_components) or 'nothing'}")
     for row in changed.metrics:
-        if row["moved"]:
-            console.print(f"  {row['task']} {row['metric']}: {row['baseline']:.3g} -> {row['current']:.3g} "
-                          f"({len(row['moved'])} document(s) moved)")
+        if row.moved:
+            console.print(f"  {row.task} {row.metric}: {row.baseline:.3g} -> {row.current:.3g} "
+                          f"({len(row.moved)} document(s) moved)")
     show_answers(suite, changed, title="answers after the weight swap (changed ones)", baseline=created)
     console.print(f"try: evalgate check {suite_path}   |   evalgate runs list --suite {suite_path}")
     ok = checked.exit_code == 0 and changed.exit_code == 0  # a finding in step 2 is a lesson, not a failure

@@ -66,8 +66,9 @@ def test_a_store_behind_the_schema_is_still_migrated_on_open(cli_env, hundred_ru
     """The one-query version check is a shortcut, not a skip: a database one revision behind is upgraded."""
     import sqlite3
 
-    with sqlite3.connect(hundred_runs) as conn:  # as a database three revisions before would read
+    with sqlite3.connect(hundred_runs) as conn:  # as a database four revisions before would read
         conn.execute("update alembic_version set version_num = '0009'")
+        conn.execute("alter table runs drop column report")
         conn.execute("drop index ix_outputs_digests")
         conn.execute("create index ix_outputs_run_key on outputs (run_id, request_key)")
         conn.execute("alter table baselines drop column receipt")
