@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .hashing import digest
+from .hub_cache import hub_origin
 
 COMPONENTS = ("model", "tokenizer", "engine", "code", "suite", "prompt", "hardware", "env")
 # Components that describe the serving stack as a whole; `suite` and `prompt` are judged per request instead
@@ -78,13 +79,23 @@ def describe_changes(old: dict[str, dict], new: dict[str, dict], names: list[str
         a, b = old.get(name, {}).get("data", {}), new.get(name, {}).get("data", {})
         if isinstance(a, dict) and isinstance(b, dict) and "files" in a and "files" in b:
             files = sorted(k for k in set(a["files"]) | set(b["files"]) if a["files"].get(k) != b["files"].get(k))
-            out[name] = "files changed: " + ", ".join(files[:8]) + (" ..." if len(files) > 8 else "")
+            out[name] = _commits(old.get(name, {}).get("info") or {}, new.get(name, {}).get("info") or {}) + \
+                "files changed: " + ", ".join(files[:8]) + (" ..." if len(files) > 8 else "")
         elif isinstance(a, dict) and isinstance(b, dict):
             keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
             out[name] = "; ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys[:8])
         else:
             out[name] = f"{a!r} -> {b!r}"
     return out
+
+
+def _commits(old_info: dict, new_info: dict) -> str:
+    """"org/name: commit <old sha> -> <new sha>; " when a Hub model moved to another commit."""
+    a, b = old_info.get("commit"), new_info.get("commit")
+    if not (a or b) or a == b:
+        return ""
+    repos = dict.fromkeys(filter(None, (old_info.get("repo"), new_info.get("repo"))))
+    return f"{' -> '.join(repos) or 'Hub repo'}: commit {a or 'none'} -> {b or 'none'}; "
 
 
 # --- file hashing, cached by (path, size, mtime) so large weights are hashed once -----------------------
@@ -145,12 +156,18 @@ def model_component(model_dir: Path) -> dict:
     """Content hash of every file in the model directory except tokenizer files and docs (not the path:
     vLLM's own fingerprint does not change when weights at the same path change)."""
     files = {n: p for n, p in _files_under(model_dir).items() if Path(n).name not in TOKENIZER_FILES and not _DOC_FILE.search(Path(n).name)}
-    return component({"files": hash_files(files)}, {"path": str(model_dir)})
+    return component({"files": hash_files(files)}, _origin(model_dir))
 
 
 def tokenizer_component(tokenizer_dir: Path) -> dict:
     files = {n: p for n, p in _files_under(tokenizer_dir).items() if Path(n).name in TOKENIZER_FILES}
-    return component({"files": hash_files(files)}, {"path": str(tokenizer_dir)})
+    return component({"files": hash_files(files)}, _origin(tokenizer_dir))
+
+
+def _origin(directory: Path) -> dict:
+    """Where the files came from, for people: the path, and the Hub repo and commit of a hub-cache snapshot.
+    Info only: the same files fetched from the Hub or copied to a directory are the same model."""
+    return {"path": str(directory), **(hub_origin(directory) or {})}
 
 
 def code_component(paths: list[Path], root: Path) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from . import bisect, cost, demo, fuzz, gate, history, init, models, report, survey
+from . import bisect, cost, demo, fetch, fuzz, gate, history, init, models, report, survey
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Gate LLM serving determinism: batch variance and silent regressions, token by token.")
@@ -23,6 +23,7 @@ baseline_app.command("accept")(history.baseline_accept)
 baseline_app.command("adopt")(history.baseline_adopt)
 baseline_app.command("list")(history.baseline_list)
 app.command("init")(init.init)
+app.command("fetch")(fetch.fetch)
 app.command("check")(gate.check)
 app.command("survey")(survey.survey)
 runs_app.command("list")(history.runs_list)

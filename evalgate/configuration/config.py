@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .lock import is_hub_id, resolve_hub_repo
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,7 +29,8 @@ MAX_SUITE_BYTES = 1 << 20  # 1 MiB
 
 
 # [engine] keys every kind reads; the rest of the table is the kind's own (or passed through to vLLM).
-COMMON_KEYS = frozenset({"kind", "model", "tokenizer", "batch_invariant"})
+# `revision`/`tokenizer_revision`: the Hub revision when `model`/`tokenizer` is a Hub repo id (configuration/lock.py).
+COMMON_KEYS = frozenset({"kind", "model", "revision", "tokenizer", "tokenizer_revision", "batch_invariant"})
 
 
 def fail(where: str, message: str, fix: str) -> ConfigError:
@@ -104,25 +106,44 @@ def is_dir(path: Path) -> bool:
 
 
 def model_dir(table: dict, root: Path, where: str, section: str, *, required: bool) -> Path | None:
-    """`model`: a local Hugging Face model directory (config.json + weights), or None when optional and absent."""
+    """`model`: a local Hugging Face model directory (config.json + weights), or a Hub repo id at `revision`
+    (its snapshot as evalgate.lock pins it); None when optional and absent."""
     value = typed(table, "model", str, where, section)
+    revision = typed(table, "revision", str, where, section)
     if value is None and not required:
+        if revision is not None:
+            raise fail(where, f"`{section}revision` is set without `{section}model`", f"set `{section}model` to a Hub repo id")
         return None
     if not value:
-        raise fail(where, f"`{section}model` is missing", "set it to a local model directory (config.json + weights)")
-    path = resolve_path(root, value, where, f"{section}model")
+        raise fail(where, f"`{section}model` is missing",
+                   'set it to a local model directory (config.json + weights) or a Hub repo id, e.g. "org/name"')
+    path = _local_or_hub(value, revision, root, where, f"{section}model", "revision")
     if not is_dir(path) or not is_file(path / "config.json"):
         raise fail(where, f"`{section}model`: {path} is not a model directory (no config.json)",
-                   "point it at a local Hugging Face model directory; `evalgate build-model DIR` builds one")
+                   "point it at a local Hugging Face model directory (`evalgate build-model DIR` builds one), or name a "
+                   'Hub repo: model = "org/name" with revision = "<commit, tag or branch>", then `evalgate fetch`')
     return path
 
 
 def tokenizer_dir(table: dict, root: Path, where: str, section: str) -> Path | None:
     value = typed(table, "tokenizer", str, where, section)
-    path = resolve_path(root, value, where, f"{section}tokenizer") if value else None
+    revision = typed(table, "tokenizer_revision", str, where, section)
+    if revision is not None and not value:
+        raise fail(where, f"`{section}tokenizer_revision` is set without `{section}tokenizer`",
+                   f"set `{section}tokenizer` to a Hub repo id")
+    path = _local_or_hub(value, revision, root, where, f"{section}tokenizer", "tokenizer_revision") if value else None
     if path is not None and not is_dir(path):
-        raise fail(where, f"`{section}tokenizer`: {path} is not a directory", "point it at a tokenizer directory")
+        raise fail(where, f"`{section}tokenizer`: {path} is not a directory", "point it at a tokenizer directory or a Hub repo id")
     return path
+
+
+def _local_or_hub(value: str, revision: str | None, root: Path, where: str, field: str, revision_key: str) -> Path:
+    if is_hub_id(value, root):
+        return resolve_hub_repo(value, revision, root, where, field)
+    if revision is not None:
+        raise fail(where, f"`{field}` = {short(value)} is a local path; `{revision_key}` is for a Hub repo id",
+                   f"remove `{revision_key}`, or name the model as the Hub does (\"org/name\")")
+    return resolve_path(root, value, where, field)
 
 
 def not_json(value: Any) -> str | None:

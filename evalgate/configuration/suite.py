@@ -32,6 +32,7 @@ from .config import (
     typed,
 )
 from .load import parse_load
+from .lock import is_hub_id
 from .policy import FAIL_ON, GatePolicy, parse_gate_table
 from .prompts import SCORING_TYPES, Prompt, load_prompts
 from .schedule import FULL, PRESETS, ROTATING, Schedule, rotating_problem
@@ -390,3 +391,31 @@ def _lm_eval_chat(table: dict, where: str, sec: str) -> dict:
             "fewshot_as_multiturn": True if multiturn is None else multiturn}
 
 
+
+
+@dataclass(frozen=True)
+class HubWants:
+    """What `evalgate fetch` must bring for a suite: its Hub repos (field, repo id, revision) and its lm-eval
+    tasks. Read from the raw tables, because the full suite cannot load until the lock exists."""
+
+    path: Path
+    repos: tuple[tuple[str, str, str], ...]
+    lm_eval: LmEvalConfig | None
+
+
+def hub_wants(path: str | Path) -> HubWants:
+    path = Path(path).resolve()
+    data, prefix = evalgate_tables(path)
+    where, root, sec = str(path), path.parent, f"{prefix}engine."
+    engine = data.get("engine", {})
+    if not isinstance(engine, dict):
+        raise fail(where, f"`{prefix}engine` must be a table", f"write it as [{prefix}engine]")
+    repos = []
+    for key, revision_key in (("model", "revision"), ("tokenizer", "tokenizer_revision")):
+        value = typed(engine, key, str, where, sec)
+        if value and is_hub_id(value, root):
+            revision = typed(engine, revision_key, str, where, sec, default="main")
+            repos.append((f"{sec}{key}", value, revision))
+    table = data.get("lm_eval")
+    lm_eval = _lm_eval_config(table, root, where, f"{prefix}lm_eval.") if isinstance(table, dict) else None
+    return HubWants(path, tuple(repos), lm_eval)

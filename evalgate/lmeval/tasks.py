@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..configuration.lock import FETCH_FIX, HUB_ID, LOCK_FILE, Pin, locked_snapshot, read_lock
 from ..configuration.suite import LmEvalConfig, Suite
 from ..errors import ConfigError, EvalgateError, MissingDependency
 from ..hashing import digest, jsonable
@@ -40,7 +41,8 @@ def _import_lm_eval():
     # lm-eval logs every task setting at INFO and warns about overridden few-shot counts: not evalgate's output.
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     logging.getLogger("lm-eval").setLevel(logging.ERROR)
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # built-in tasks use data already on this machine
+    # Offline: a task's Hub dataset is read from the cache at the commit evalgate.lock pins (`evalgate fetch`).
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     try:
         import datasets
 
@@ -58,6 +60,7 @@ class Prepared:
     manager: Any  # lm_eval.tasks.TaskManager
     specs: list
     sources: dict[str, str]  # task name -> its YAML file (or "lm-eval built-in")
+    pins: dict[str, Pin] = field(default_factory=dict)  # Hub dataset repo -> its pin in evalgate.lock
 
 
 def prepare(config: LmEvalConfig, suite_path: Path) -> Prepared:
@@ -88,6 +91,7 @@ def prepare(config: LmEvalConfig, suite_path: Path) -> Prepared:
                 f"({', '.join(map(str, config.include_path)) or 'none set'}) nor an lm-eval built-in task",
                 fix=f"did you mean {close[0]!r}?" if close else "check the name (the `task:` key of its YAML)",
             )
+    pins = _locked_datasets(manager, config, suite_path)
     specs: list = []
     sources: dict[str, str] = {}
     for name in config.tasks:
@@ -100,21 +104,102 @@ def prepare(config: LmEvalConfig, suite_path: Path) -> Prepared:
         else:  # groups, tags and built-in tasks load by name
             specs.append(name)
         sources[name] = str(yaml_path) if yaml_path else "lm-eval built-in"
-        _check_loads(manager, specs[-1], name, sources[name])
-    return Prepared(config, manager, specs, sources)
+        _check_loads(manager, specs[-1], name, sources[name], pins)
+    return Prepared(config, manager, specs, sources, pins)
 
 
-def _check_loads(manager, spec, name: str, source: str) -> None:
-    """Build the task once (its data included) so a data file that does not parse, or a built-in task
-    whose data is not on this machine, is an error naming the task before the engine starts."""
+def _check_loads(manager, spec, name: str, source: str, pins: dict[str, Pin]) -> None:
+    """Build the task once (its data included) so a data file that does not parse, or a Hub dataset not in
+    the cache, is an error naming the task before the engine starts."""
     try:
-        manager.load([spec])
+        with pinned_datasets(pins):
+            manager.load([spec])
     except ConfigError:
         raise
     except Exception as exc:
         raise ConfigError(f"{source}: lm-eval could not load task {name!r}: {type(exc).__name__}: {exc}",
-                          fix="check the task's data files (JSON Lines, one object per line); a built-in task "
-                              "needs its dataset already downloaded on this machine (evalgate runs offline)") from None
+                          fix="check the task's data files (JSON Lines, one object per line); a Hub dataset is read "
+                              f"from the cache offline: {FETCH_FIX}") from None
+
+
+def hub_datasets(config: LmEvalConfig, suite_path: Path) -> dict[str, tuple[str, str | None, str | None]]:
+    """{task: (Hub dataset repo, its configuration, the revision its YAML asks for)} for every task the suite
+    runs (a group or tag: each of its tasks) whose data is a Hub dataset: lm-eval's built-in tasks, and any
+    task file of the include paths whose `dataset_path` names one. What `evalgate fetch` downloads."""
+    _import_lm_eval()
+    from lm_eval.tasks import TaskManager
+
+    include = [str(p) for p in config.include_path] or None
+    return _task_datasets(TaskManager(include_path=include, include_defaults=True), config.tasks)
+
+
+def _task_datasets(manager, names) -> dict[str, tuple[str, str | None, str | None]]:
+    found: dict[str, tuple[str, str | None, str | None]] = {}
+
+    def visit(name: str, seen: frozenset = frozenset()) -> None:
+        entry = manager.task_index.get(name)
+        if entry is None or name in seen:
+            return
+        kind = getattr(entry.kind, "name", "")
+        cfg = entry.cfg or {}
+        if kind == "TAG":
+            for member, other in manager.task_index.items():
+                if name in (getattr(other, "tags", None) or ()):
+                    visit(member, seen | {name})
+        elif kind == "GROUP":
+            for item in cfg.get("task") or []:
+                visit(item if isinstance(item, str) else item.get("task", ""), seen | {name})
+        elif kind == "TASK":
+            path, kwargs = cfg.get("dataset_path"), cfg.get("dataset_kwargs") or {}
+            base = Path(entry.yaml_path).parent if entry.yaml_path else Path.cwd()
+            if isinstance(path, str) and HUB_ID.match(path) and "data_files" not in kwargs \
+                    and not (base / path).exists() and not Path(path).exists():
+                found[name] = (path, cfg.get("dataset_name"), kwargs.get("revision"))
+
+    for name in names:
+        visit(name)
+    return found
+
+
+def _locked_datasets(manager, config: LmEvalConfig, suite_path: Path) -> dict[str, Pin]:
+    """The lock's pin of every Hub dataset the tasks read; a dataset the lock does not pin is a ConfigError:
+    data that moves under the same name would be a silent change."""
+    lock = read_lock(suite_path.parent)
+    pins = {}
+    for task, (repo, _, revision) in _task_datasets(manager, config.tasks).items():
+        pin = lock.find("dataset", repo, revision or "main", task)
+        if pin is None:
+            raise ConfigError(f"{suite_path}: lm-eval task {task!r} reads the Hub dataset {repo!r} "
+                              f"(revision {revision or 'main'!r}), which {LOCK_FILE} does not pin", fix=FETCH_FIX)
+        locked_snapshot(pin, str(suite_path), f"lm_eval task {task!r}: dataset", verify=False)
+        pins[repo] = pin
+    return pins
+
+
+@contextlib.contextmanager
+def pinned_datasets(pins: dict[str, Pin]):
+    """lm-eval loads a Hub dataset by name (`datasets.load_dataset(path=..., name=...)`): while this is open,
+    each pinned repo loads from its locked snapshot in the cache (a local directory: offline, and exactly the
+    locked commit, whatever branch the task's YAML would follow)."""
+    if not pins:
+        yield
+        return
+    import datasets
+
+    load = datasets.load_dataset
+
+    def load_pinned(path=None, *args, **kwargs):
+        pin = pins.get(path) if isinstance(path, str) else None
+        if pin is not None and kwargs.get("revision") in (None, pin.revision, pin.commit):
+            kwargs.pop("revision", None)
+            path = str(pin.snapshot)
+        return load(path, *args, **kwargs)
+
+    datasets.load_dataset = load_pinned
+    try:
+        yield
+    finally:
+        datasets.load_dataset = load
 
 
 def _anchor_data_paths(cfg: dict, yaml_path: Path) -> dict:
@@ -182,7 +267,7 @@ class TaskRun:
 
         config = self.prepared.config
         try:
-            with _no_environment_report():
+            with _no_environment_report(), pinned_datasets(self.prepared.pins):
                 return simple_evaluate(
                     model=lm, tasks=list(self.prepared.specs), task_manager=self.prepared.manager, limit=config.limit,
                     num_fewshot=config.num_fewshot, fewshot_random_seed=config.fewshot_seed,
@@ -195,8 +280,7 @@ class TaskRun:
             raise
         except Exception as exc:  # a data file that does not parse, a dataset not on this machine, ...
             raise ConfigError(f"lm-eval could not build the tasks {', '.join(config.tasks)}: {type(exc).__name__}: {exc}",
-                              fix="check the task YAML files and their data (built-in tasks need their data "
-                                  "downloaded on this machine)") from None
+                              fix=f"check the task YAML files and their data (a Hub dataset: {FETCH_FIX})") from None
 
     def _lm(self, answers: dict | None = None):
         """evalgate as an lm-eval model (lmeval/harness.py, which imports lm-eval: loaded here, on first use)."""

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "evalgate"
 # The floors, ground first: a module imports its own floor and the floors below, never one above. A package
 # or top-level module not listed here fails `test_every_package_has_a_floor`.
 FLOORS = (
-    ("errors", "hashing", "registry", "owners", "collector", "processes", "fingerprint", "records"),
+    ("errors", "hashing", "registry", "owners", "collector", "processes", "hub_cache", "fingerprint", "records"),
     ("configuration",),
     ("engines", "lmeval", "models"),
     ("probes",),
@@ -22,7 +22,7 @@ FLOORS = (
     ("execution",),
     ("judgement",),
     ("reports",),
-    ("gate", "baselines", "survey", "cost", "scaffold"),
+    ("gate", "baselines", "survey", "cost", "scaffold", "fetch"),
     ("bisect", "pytest_plugin"),
     ("cli", "__main__"),
 )

@@ -123,4 +123,5 @@ def test_unloadable_data_and_unavailable_builtin_tasks_are_named_before_the_engi
     builtin = load_suite(suite_file(tmp_path, 'tasks = ["arc_easy"]\n'))  # lm-eval's own; its data is not here
     with pytest.raises(ConfigError) as err:
         prepare(builtin.lm_eval, builtin.path)
-    assert "'arc_easy'" in str(err.value) and "already downloaded on this machine" in err.value.fix
+    assert "'arc_easy'" in str(err.value) and "'allenai/ai2_arc'" in str(err.value) and "does not pin" in str(err.value)
+    assert "evalgate fetch" in err.value.fix

@@ -1,0 +1,32 @@
+"""`evalgate fetch`: download the suite's Hub models and datasets into the cache and write evalgate.lock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..configuration.suite_file import find_suite
+from ..fetch import fetch as fetch_suite
+from .common import console, handled
+
+
+@handled
+def fetch(suite: Optional[Path] = typer.Argument(None, help="Suite file (default: ./evalgate.toml, or "
+                                                            "./pyproject.toml with [tool.evalgate])"),
+          progress: bool = typer.Option(True, help="Show download progress bars")):
+    """Download the Hub models and datasets the suite names, at their revisions, and pin them in evalgate.lock.
+
+    Every other command then runs offline from the cache and the lock: a branch that moves on the Hub
+    changes nothing until you fetch again. Commit evalgate.lock. Gated repos need HF_TOKEN."""
+    path, lock, moved = fetch_suite(find_suite(suite), progress=progress)
+    if not lock.pins:
+        console.print(f"the suite names no Hub repo: nothing to fetch; wrote {path}")
+        return
+    for pin in lock.pins:
+        what = f"lm_eval task {pin.task}: dataset" if pin.task else pin.repo_type
+        console.print(f"{what} {pin.repo} @ {pin.revision}: commit {pin.commit} ({len(pin.files)} files)")
+    for line in moved:
+        console.print(f"[yellow]moved since the last fetch:[/yellow] {line}")
+    console.print(f"wrote {path}")

@@ -1,0 +1,96 @@
+"""`evalgate fetch`: bring what a suite names from the Hugging Face Hub into the local cache, and pin it.
+
+For each Hub repo the suite names (`[engine] model`/`tokenizer` at `revision`/`tokenizer_revision`) and each
+dataset of its lm-eval built-in tasks, download the snapshot at the revision asked for (huggingface_hub: its
+cache, `HF_HOME`, `HF_ENDPOINT`, `HF_TOKEN` for gated repos), take the commit it resolved to, hash every file,
+and write evalgate.lock beside the suite (configuration/lock.py). Every other command runs offline from the
+cache and the lock, so a branch that moves on the Hub changes nothing until the next fetch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .configuration.lock import Lock, Pin, read_lock, write_lock
+from .configuration.suite import HubWants, hub_wants
+from .errors import ConfigError, EngineError, MissingDependency
+from .fingerprint import hash_files
+from .hub_cache import hub_cache
+
+TOKEN_FIX = ("set HF_TOKEN to a Hugging Face token that has access (accept the model's terms on its Hub page first); "
+             "in CI, from a secret")
+
+
+def fetch(suite_path: Path, *, progress: bool = True) -> tuple[Path, Lock, list[str]]:
+    """Fetch everything the suite names and write its lock. Returns the lock's path, the lock, and a line per
+    pin that moved from the previous lock ("repo: revision old -> new")."""
+    wants = hub_wants(suite_path)
+    root = wants.path.parent
+    before = read_lock(root) if (root / "evalgate.lock").exists() else Lock()
+    pins = [_download("model", repo, revision, field, progress=progress) for field, repo, revision in wants.repos]
+    pins += _task_datasets(wants, progress=progress)
+    lock = Lock(tuple(pins))
+    moved = [f"{p.repo} ({p.repo_type}, {p.revision}): {old.commit} -> {p.commit}" for p in pins
+             if (old := before.find(p.repo_type, p.repo, p.revision, p.task)) and old.commit != p.commit]
+    return write_lock(root, lock), lock, moved
+
+
+def _download(repo_type: str, repo: str, revision: str, field: str, *, progress: bool, task: str | None = None,
+              config_name: str | None = None) -> Pin:
+    hf = _import_hub()
+    from huggingface_hub import errors
+
+    if not progress:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    named = f"{field} = {repo!r} (revision {revision!r})"
+    try:
+        snapshot = Path(hf.snapshot_download(repo, repo_type=repo_type, revision=revision, cache_dir=hub_cache()))
+    except errors.GatedRepoError:
+        why = "HF_TOKEN is set but has no access" if os.environ.get("HF_TOKEN") else "a gated repo, and HF_TOKEN is not set"
+        raise ConfigError(f"{named}: the Hub refused access ({why})", fix=TOKEN_FIX) from None
+    except errors.RevisionNotFoundError:
+        raise ConfigError(f"{named}: the Hub has no such revision",
+                          fix="set the revision to a branch, tag or commit sha of the repo") from None
+    except errors.RepositoryNotFoundError:
+        raise ConfigError(f"{named}: the Hub has no such {repo_type} repo (or it is private)",
+                          fix=f"check the repo id; for a private repo, {TOKEN_FIX}") from None
+    except errors.HfHubHTTPError as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if status in (401, 403):
+            raise ConfigError(f"{named}: the Hub refused access (HTTP {status})", fix=TOKEN_FIX) from None
+        raise EngineError(f"{named}: the Hub at {endpoint} failed: {exc}", fix="retry; check HF_ENDPOINT and the network") from None
+    except (errors.LocalEntryNotFoundError, OSError) as exc:
+        offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") else ""
+        raise EngineError(f"{named}: could not download from {endpoint}{offline}: {type(exc).__name__}: {exc}",
+                          fix="`evalgate fetch` needs the Hub: unset HF_HUB_OFFLINE, check HF_ENDPOINT and the network") from None
+    files = {str(p.relative_to(snapshot)): p for p in sorted(snapshot.rglob("*")) if p.is_file()}
+    return Pin(repo_type=repo_type, repo=repo, revision=revision, commit=snapshot.name, files=hash_files(files),
+               task=task, config_name=config_name)
+
+
+def _task_datasets(wants: HubWants, *, progress: bool) -> list[Pin]:
+    """The Hub datasets of the suite's lm-eval built-in tasks (a group or tag: of each of its tasks), one pin
+    per dataset and revision (tasks that share one share the download)."""
+    if wants.lm_eval is None:
+        return []
+    from .lmeval.tasks import hub_datasets
+
+    pins, fetched = [], {}
+    for task, (repo, config_name, revision) in hub_datasets(wants.lm_eval, wants.path).items():
+        key = (repo, revision or "main")
+        if key not in fetched:
+            fetched[key] = _download("dataset", repo, key[1], f"lm_eval task {task!r}: dataset", progress=progress)
+        pins.append(Pin(**{**fetched[key].__dict__, "task": task, "config_name": config_name}))
+    return pins
+
+
+def _import_hub():
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise MissingDependency("huggingface_hub (pip install huggingface_hub; transformers brings it)") from None
+    return huggingface_hub
