@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .configuration.lock import Lock, Pin, read_lock, write_lock
+from .configuration.lock import Lock, Pin, lock_path, read_lock, write_lock
 from .configuration.suite import HubWants, hub_wants
 from .errors import ConfigError, EngineError, MissingDependency
 from .fingerprint import hash_files
@@ -22,22 +22,44 @@ TOKEN_FIX = ("set HF_TOKEN to a Hugging Face token that has access (accept the m
              "in CI, from a secret")
 
 
-def fetch(suite_path: Path, *, progress: bool = True) -> tuple[Path, Lock, list[str]]:
+def fetch(suite_path: Path, *, progress: bool = True, locked: bool = False) -> tuple[Path, Lock, list[str]]:
     """Fetch everything the suite names and write its lock. Returns the lock's path, the lock, and a line per
-    pin that moved from the previous lock ("repo: revision old -> new")."""
+    pin that moved from the previous lock ("repo: revision old -> new"). `locked` (CI): download exactly the
+    commits the lock pins, resolve no branch, and leave the lock as it is; the lock must cover the suite."""
     wants = hub_wants(suite_path)
     root = wants.path.parent
-    before = read_lock(root) if (root / "evalgate.lock").exists() else Lock()
-    pins = [_download("model", repo, revision, field, progress=progress) for field, repo, revision in wants.repos]
-    pins += _task_datasets(wants, progress=progress)
+    before = read_lock(root)
+    commit_of = _locked_commits(before, wants) if locked else lambda repo_type, repo, revision, task=None: revision
+    pins = [_download("model", repo, revision, field, progress=progress, at=commit_of("model", repo, revision))
+            for field, repo, revision in wants.repos]
+    pins += _task_datasets(wants, progress=progress, commit_of=commit_of)
     lock = Lock(tuple(pins))
+    if locked:
+        changed = [p.repo for p in pins if before.find(p.repo_type, p.repo, p.revision, p.task).files != p.files]
+        if changed:
+            raise ConfigError(f"{lock_path(root)}: the Hub's files of {', '.join(changed)} differ from the lock at the "
+                              "same commit", fix="run `evalgate fetch` without --locked and review the change")
+        return lock_path(root), before, []
     moved = [f"{p.repo} ({p.repo_type}, {p.revision}): {old.commit} -> {p.commit}" for p in pins
              if (old := before.find(p.repo_type, p.repo, p.revision, p.task)) and old.commit != p.commit]
     return write_lock(root, lock), lock, moved
 
 
-def _download(repo_type: str, repo: str, revision: str, field: str, *, progress: bool, task: str | None = None,
-              config_name: str | None = None) -> Pin:
+def _locked_commits(lock: Lock, wants: HubWants):
+    """For --locked: the commit the lock pins for each (repo, revision) the suite names; a suite the lock does
+    not cover is a ConfigError (the lock is stale: fetch again and commit it)."""
+    def commit_of(repo_type: str, repo: str, revision: str, task: str | None = None) -> str:
+        pin = lock.find(repo_type, repo, revision, task)
+        if pin is None:
+            raise ConfigError(f"{lock_path(wants.path.parent)}: the lock does not pin {repo_type} {repo!r} at revision "
+                              f"{revision!r}, which {wants.path.name} names",
+                              fix="run `evalgate fetch` (without --locked) and commit evalgate.lock")
+        return pin.commit
+
+    return commit_of
+
+
+def _download(repo_type: str, repo: str, revision: str, field: str, *, progress: bool, at: str | None = None) -> Pin:
     hf = _import_hub()
     from huggingface_hub import errors
 
@@ -48,7 +70,7 @@ def _download(repo_type: str, repo: str, revision: str, field: str, *, progress:
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     named = f"{field} = {repo!r} (revision {revision!r})"
     try:
-        snapshot = Path(hf.snapshot_download(repo, repo_type=repo_type, revision=revision, cache_dir=hub_cache()))
+        snapshot = Path(hf.snapshot_download(repo, repo_type=repo_type, revision=at or revision, cache_dir=hub_cache()))
     except errors.GatedRepoError:
         why = "HF_TOKEN is set but has no access" if os.environ.get("HF_TOKEN") else "a gated repo, and HF_TOKEN is not set"
         raise ConfigError(f"{named}: the Hub refused access ({why})", fix=TOKEN_FIX) from None
@@ -68,11 +90,10 @@ def _download(repo_type: str, repo: str, revision: str, field: str, *, progress:
         raise EngineError(f"{named}: could not download from {endpoint}{offline}: {type(exc).__name__}: {exc}",
                           fix="`evalgate fetch` needs the Hub: unset HF_HUB_OFFLINE, check HF_ENDPOINT and the network") from None
     files = {str(p.relative_to(snapshot)): p for p in sorted(snapshot.rglob("*")) if p.is_file()}
-    return Pin(repo_type=repo_type, repo=repo, revision=revision, commit=snapshot.name, files=hash_files(files),
-               task=task, config_name=config_name)
+    return Pin(repo_type=repo_type, repo=repo, revision=revision, commit=snapshot.name, files=hash_files(files))
 
 
-def _task_datasets(wants: HubWants, *, progress: bool) -> list[Pin]:
+def _task_datasets(wants: HubWants, *, progress: bool, commit_of) -> list[Pin]:
     """The Hub datasets of the suite's lm-eval built-in tasks (a group or tag: of each of its tasks), one pin
     per dataset and revision (tasks that share one share the download)."""
     if wants.lm_eval is None:
@@ -83,7 +104,8 @@ def _task_datasets(wants: HubWants, *, progress: bool) -> list[Pin]:
     for task, (repo, config_name, revision) in hub_datasets(wants.lm_eval, wants.path).items():
         key = (repo, revision or "main")
         if key not in fetched:
-            fetched[key] = _download("dataset", repo, key[1], f"lm_eval task {task!r}: dataset", progress=progress)
+            fetched[key] = _download("dataset", repo, key[1], f"lm_eval task {task!r}: dataset", progress=progress,
+                                     at=commit_of("dataset", repo, key[1], task))
         pins.append(Pin(**{**fetched[key].__dict__, "task": task, "config_name": config_name}))
     return pins
 

@@ -15,12 +15,14 @@ from .common import console, handled
 @handled
 def fetch(suite: Optional[Path] = typer.Argument(None, help="Suite file (default: ./evalgate.toml, or "
                                                             "./pyproject.toml with [tool.evalgate])"),
-          progress: bool = typer.Option(True, help="Show download progress bars")):
+          progress: bool = typer.Option(True, help="Show download progress bars"),
+          locked: bool = typer.Option(False, "--locked", help="Download exactly the commits evalgate.lock pins and "
+                                      "keep the lock (CI); fails when the lock does not cover the suite")):
     """Download the Hub models and datasets the suite names, at their revisions, and pin them in evalgate.lock.
 
     Every other command then runs offline from the cache and the lock: a branch that moves on the Hub
     changes nothing until you fetch again. Commit evalgate.lock. Gated repos need HF_TOKEN."""
-    path, lock, moved = fetch_suite(find_suite(suite), progress=progress)
+    path, lock, moved = fetch_suite(find_suite(suite), progress=progress, locked=locked)
     if not lock.pins:
         console.print(f"the suite names no Hub repo: nothing to fetch; wrote {path}")
         return
@@ -29,4 +31,4 @@ def fetch(suite: Optional[Path] = typer.Argument(None, help="Suite file (default
         console.print(f"{what} {pin.repo} @ {pin.revision}: commit {pin.commit} ({len(pin.files)} files)")
     for line in moved:
         console.print(f"[yellow]moved since the last fetch:[/yellow] {line}")
-    console.print(f"wrote {path}")
+    console.print(f"kept {path} (--locked)" if locked else f"wrote {path}")

@@ -29,7 +29,7 @@ def hub():
 def hub_cli(cli: CLI, hub: StubHub, cwd: Path, **env) -> CLI:
     """The CLI against the stand-in, with its own Hugging Face cache; online (fetch) unless told otherwise."""
     environ = {k: v for k, v in cli.env.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN")}
-    environ.update(HF_ENDPOINT=hub.url, HF_HOME=str(cwd / "hf-home"), **env)
+    environ.update({"HF_ENDPOINT": hub.url, "HF_HOME": str(cwd / "hf-home"), **env})
     return CLI(environ, cwd)
 
 
@@ -65,6 +65,14 @@ def test_fetch_pins_a_commit_then_a_moved_branch_is_a_named_model_change(cli, hu
     commit_2 = repo.commit(directory_files(bare_model(tmp_path / "weights-2", seed=2)))
     offline("check", suite, "--json-report", "r2.json", check=0)
     assert read_json(tmp_path / "project" / "r2.json")["counts"]["stable"] == 3
+
+    # CI on a cold cache: `fetch --locked` brings the locked commit, not the branch's new one, and keeps the lock.
+    lock_text = (tmp_path / "project" / "evalgate.lock").read_text()
+    ci = hub_cli(cli, hub, tmp_path / "project", HF_HOME=str(tmp_path / "ci-cache"))
+    ci("fetch", suite, "--locked", "--no-progress", check=0)
+    assert (tmp_path / "project" / "evalgate.lock").read_text() == lock_text
+    assert (tmp_path / "ci-cache" / "hub" / f"models--{REPO.replace('/', '--')}" / "snapshots" / commit_1).is_dir()
+    assert not (tmp_path / "ci-cache" / "hub" / f"models--{REPO.replace('/', '--')}" / "snapshots" / commit_2).exists()
 
     moved = online("fetch", suite, "--no-progress", check=0)
     assert f"{commit_1} -> {commit_2}" in moved.stdout
