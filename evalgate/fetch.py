@@ -45,6 +45,11 @@ def fetch(suite_path: Path, *, progress: bool = True, locked: bool = False) -> t
     return write_lock(root, lock), lock, moved
 
 
+def download_model(repo: str, revision: str, field: str, *, progress: bool = False) -> Pin:
+    """One Hub model at a revision, into the cache: its pin (the commit it resolved to, its files' hashes)."""
+    return _download("model", repo, revision, field, progress=progress)
+
+
 def _locked_commits(lock: Lock, wants: HubWants):
     """For --locked: the commit the lock pins for each (repo, revision) the suite names; a suite the lock does
     not cover is a ConfigError (the lock is stale: fetch again and commit it)."""

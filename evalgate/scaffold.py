@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import __version__
+from .configuration.lock import LOCK_FILE
 from .configuration.policy import FAIL_ON
 from .configuration.schedule import FULL, PRESETS, ROTATING
 from .configuration.suite_file import SUITE_FILE
@@ -25,8 +26,35 @@ PROMPTS_FILE = "prompts.jsonl"
 WORKFLOW_FILE = ".github/workflows/evalgate.yml"
 BASELINES_DIR = "baselines"
 DEFAULT_DATABASE = "sqlite:///baselines/evalgate.sqlite"
-# The action this version of evalgate pins in the workflow it writes (docs/ci.md "The composite action").
-ACTION = f"evalgate/evalgate@v{__version__}"
+ACTION_REPO = "evalgate/evalgate"
+
+
+def action_ref() -> str:
+    """The action this evalgate pins in the workflow it writes (docs/ci.md "The composite action"): the commit
+    it was installed from, with the version in a comment, as a workflow audit asks (a tag can be moved); the
+    version tag only where the commit is unknown (an install from a wheel)."""
+    commit = installed_commit()
+    return f"{ACTION_REPO}@{commit} # v{__version__}" if commit else f"{ACTION_REPO}@v{__version__}"
+
+
+def installed_commit() -> str | None:
+    """The git commit evalgate was installed from: pip's record of a VCS install (direct_url.json), or the
+    HEAD of the checkout an editable install runs from."""
+    import subprocess
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        direct = json.loads(distribution("evalgate").read_text("direct_url.json") or "{}")
+    except (PackageNotFoundError, ValueError):
+        direct = {}
+    commit = (direct.get("vcs_info") or {}).get("commit_id")
+    if commit:
+        return commit
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() if head.returncode == 0 and re.match(r"^[0-9a-f]{40}$", head.stdout.strip()) else None
 
 PLAIN_EXAMPLES = [
     "The capital of France is",
@@ -48,7 +76,9 @@ class Scaffold:
     (`url`, the openai kind, serving `served_model`); `model` with `url` is the server's local copy."""
 
     directory: Path
-    model: Path | None = None
+    model: Path | None = None  # the model directory (for a Hub model: its snapshot in the cache)
+    hub: str | None = None  # a Hub repo id (`--model org/name`): the suite names it at `revision`, and fetches it
+    revision: str = "main"  # with `hub`: what to resolve; `write_scaffold` records the commit it resolved to
     url: str | None = None
     served_model: str | None = None
     tasks: tuple[str, ...] = ()
@@ -57,7 +87,7 @@ class Scaffold:
     preset: str = FULL
     database: str = DEFAULT_DATABASE
     name: str | None = None
-    action: str = ACTION
+    action: str = ""  # the action's `uses:` reference (default: `action_ref()`)
     engine_extra: str = ""  # more [engine] lines (the tests' fake engine)
     chat: bool = False  # whether the model has a chat template (the examples then include chats; `validate` sets it)
 
@@ -70,8 +100,9 @@ def validate(scaffold: Scaffold) -> Scaffold:
     """Every choice checked before anything is written; each refusal names its flag. Returns the scaffold
     with what the model directory says (`chat`)."""
     if scaffold.model is None and scaffold.url is None:
-        raise ConfigError("init needs a model: --model DIR (a local Hugging Face model directory) or --url URL "
-                          "(an OpenAI-compatible vLLM server)", fix="e.g. evalgate init --model models/my-model")
+        raise ConfigError("init needs a model: --model DIR (a local Hugging Face model directory), --model org/name "
+                          "(a Hub repo) or --url URL (an OpenAI-compatible vLLM server)",
+                          fix="e.g. evalgate init --model models/my-model")
     if scaffold.model is not None and not (scaffold.model / "config.json").is_file():
         raise ConfigError(f"--model: {scaffold.model} is not a Hugging Face model directory (no config.json)",
                           fix="give the directory holding config.json and the weights (`evalgate build-model` makes one)")
@@ -164,9 +195,9 @@ def _render(template: str, s: Scaffold) -> str:
                                      trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                                      undefined=jinja2.StrictUndefined, autoescape=False)
     environment.filters["toml"] = lambda value: tomlkit.item(value).as_string()  # a TOML value, quoted as TOML
-    model = _path_in_suite(s.model, s.directory) if s.model is not None else None
+    model = s.hub or (_path_in_suite(s.model, s.directory) if s.model is not None else None)
     return environment.get_template(template).render(
-        s=s, model=model, prompts=_path_in_suite(s.prompts, s.directory) if s.prompts else PROMPTS_FILE,
+        s=s, model=model, action=s.action or action_ref(), prompts=_path_in_suite(s.prompts, s.directory) if s.prompts else PROMPTS_FILE,
         max_model_len=model_max_len(s.model) if s.model else MAX_MODEL_LEN, rotating=ROTATING, suite_file=SUITE_FILE)
 
 
@@ -191,6 +222,11 @@ def write_scaffold(scaffold: Scaffold) -> list[Path]:
     it), and a suite that does not load is removed with everything written beside it. Returns the paths."""
     from .configuration.suite import load_suite
 
+    if scaffold.hub is not None:  # the snapshot, to read what the model says (its chat template, its length)
+        from .fetch import download_model
+
+        pin = download_model(scaffold.hub, scaffold.revision, "--model")
+        scaffold = replace(scaffold, model=pin.snapshot, revision=pin.commit)
     scaffold = validate(scaffold)
     files = {scaffold.directory / name: text for name, text in scaffold_files(scaffold).items()}
     existing = [path for path in files if path.exists()]
@@ -206,6 +242,11 @@ def write_scaffold(scaffold: Scaffold) -> list[Path]:
         for path, text in files.items():
             path.write_text(text, encoding="utf-8")
             written.append(path)
+        if scaffold.hub is not None:  # the lock (and any Hub dataset of the tasks) before the suite can load
+            from .fetch import fetch
+
+            written.append(scaffold.directory / LOCK_FILE)
+            fetch(scaffold.directory / SUITE_FILE, progress=False)
         load_suite(scaffold.directory / SUITE_FILE)
     except BaseException:
         for path in written:

@@ -28,7 +28,9 @@ def _ask(value, question: str, default, interactive: bool):
 
 @handled
 def init(directory: Path = typer.Option(Path("."), "--dir", help="Where to write the project's files"),
-         model: Optional[Path] = typer.Option(None, "--model", help="A local Hugging Face model directory (the vllm kind)"),
+         model: Optional[str] = typer.Option(None, "--model", help="A local Hugging Face model directory, or a Hub repo "
+                                             "id (org/name: fetched, and pinned in evalgate.lock)"),
+         revision: str = typer.Option("main", "--revision", help="With a Hub repo id: the branch, tag or commit to pin"),
          url: Optional[str] = typer.Option(None, "--url", help="An OpenAI-compatible vLLM server instead (the openai kind)"),
          served_model: Optional[str] = typer.Option(None, "--served-model", help="With --url: the model name it serves "
                                                     "(default: the one GET /v1/models lists)"),
@@ -48,16 +50,19 @@ def init(directory: Path = typer.Option(Path("."), "--dir", help="Where to write
                                           help="More \\[engine] lines (tests: the fake engine)")):
     """Start a project: evalgate.toml, example prompts, .github/workflows/evalgate.yml (this version's action)
     and baselines/. Never overwrites a file. Asks what no flag gives on a terminal."""
+    from ..configuration.lock import is_hub_id
     from ..configuration.schedule import FULL
     from ..scaffold import DEFAULT_DATABASE, SUITE_FILE, Scaffold, write_scaffold
 
     interactive = not yes and is_interactive()
     if model is None and url is None and interactive:
-        answer = typer.prompt("model directory (or an http(s) URL of a vLLM server)")
-        url, model = (answer, None) if answer.startswith(("http://", "https://")) else (None, Path(answer))
+        answer = typer.prompt("model directory, Hub repo id (org/name), or an http(s) URL of a vLLM server")
+        url, model = (answer, None) if answer.startswith(("http://", "https://")) else (None, answer)
     if tasks is None and interactive:
         tasks = typer.prompt("lm-eval tasks, comma-separated (empty: none)", default="", show_default=False)
-    scaffold = Scaffold(directory=directory, model=model, url=url, served_model=served_model,
+    hub = model if model is not None and is_hub_id(model, Path.cwd()) else None
+    scaffold = Scaffold(directory=directory, model=None if model is None or hub else Path(model), hub=hub,
+                        revision=revision, url=url, served_model=served_model,
                         tasks=tuple(t.strip() for t in (tasks or "").split(",") if t.strip()), prompts=prompts,
                         fail_on=_ask(fail_on, "gate level (bits or tokens)", "bits", interactive),
                         preset=_ask(preset, "schedule preset (full or rotating)", FULL, interactive),

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
+import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 from helpers import CLI, bare_model, database_url, db_runs, read_json, write_suite
 from hub_stub import StubHub, directory_files
 
@@ -153,3 +154,30 @@ def test_fetch_names_a_missing_repo_and_revision(cli, hub, tmp_path):
     bad_revision = hub_cli(cli, hub, project)("fetch", suite, "--no-progress", check=2)
     assert "revision 'v9'" in bad_revision.stderr and "no such revision" in bad_revision.stderr
     assert not (project / "evalgate.lock").exists()
+
+
+def test_init_with_a_hub_id_pins_the_commit_and_writes_a_workflow_that_brings_the_model(cli, hub, tmp_path):
+    import shutil
+    import subprocess
+
+    import yaml
+
+    commit = hub.model(REPO).commit(directory_files(bare_model(tmp_path / "weights", seed=4)))
+    online = hub_cli(cli, hub, tmp_path)
+    online("init", "--dir", "proj", "--model", REPO, "--engine-extra", 'kind = "fake"', "--no-survey", "--yes", check=0)
+    project = tmp_path / "proj"
+    suite = tomllib.loads((project / "evalgate.toml").read_text())
+    assert (suite["engine"]["model"], suite["engine"]["revision"]) == (REPO, commit)
+    [pin] = tomllib.loads((project / "evalgate.lock").read_text())["repo"]
+    assert (pin["repo"], pin["commit"]) == (REPO, commit)
+    hub_cli(cli, hub, project, HF_HOME=str(tmp_path / "hf-home"), **OFFLINE)("baseline", "create", check=0)  # offline at once
+
+    workflow_path = project / ".github" / "workflows" / "evalgate.yml"
+    text = workflow_path.read_text()
+    gate = next(s for s in yaml.safe_load(text)["jobs"]["evalgate"]["steps"] if "evalgate/evalgate@" in s.get("uses", ""))
+    assert gate["with"]["hf-token"] == "${{ secrets.HF_TOKEN }}" and "HF_TOKEN" in text and "model-cache-path" not in gate["with"]
+    bin_dir = Path(sys.executable).parent
+    for tool, args in (("check-jsonschema", ["--builtin-schema", "vendor.github-workflows"]), ("zizmor", ["--offline"])):
+        exe = shutil.which(tool) or str(bin_dir / tool)
+        proc = subprocess.run([exe, *args, str(workflow_path)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{tool}: {proc.stdout}{proc.stderr}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import pytest
 import yaml
@@ -14,7 +15,7 @@ from helpers import tomllib
 
 from evalgate import __version__
 from evalgate.cli import init as init_command
-from evalgate.scaffold import ACTION
+from evalgate.scaffold import action_ref
 
 FAKE = 'kind = "fake"'
 
@@ -127,11 +128,13 @@ def test_the_workflow_pins_this_versions_action_and_uses_only_its_inputs(inline_
     inline_cli("init", "--dir", tmp_path / "proj", "--model", fake_model, "--engine-extra", FAKE, "--no-survey", check=0)
     workflow = yaml.safe_load((tmp_path / "proj" / ".github" / "workflows" / "evalgate.yml").read_text())
     steps = workflow["jobs"]["evalgate"]["steps"]
-    gate = next(step for step in steps if step.get("uses") == ACTION)
-    assert ACTION.endswith(f"@v{__version__}")
+    pinned = action_ref().split(" #")[0]
+    gate = next(step for step in steps if step.get("uses") == pinned)
+    assert re.fullmatch(r"evalgate/evalgate@[0-9a-f]{40}", pinned)  # this checkout's commit
+    assert f"{pinned} # v{__version__}" in (tmp_path / "proj" / ".github" / "workflows" / "evalgate.yml").read_text()
     action = yaml.safe_load((init_command.Path(__file__).resolve().parents[2] / "action.yml").read_text())
     assert set(gate["with"]) <= set(action["inputs"]), set(gate["with"]) - set(action["inputs"])
-    assert workflow["permissions"]["pull-requests"] == "write"
+    assert workflow["permissions"] == {} and workflow["jobs"]["evalgate"]["permissions"]["pull-requests"] == "write"
 
 
 def test_a_server_without_served_model_is_asked_for_its_one_model(inline_cli, tmp_path):

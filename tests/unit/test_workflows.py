@@ -183,3 +183,35 @@ def test_the_pr_comment_step_never_fails_the_job(tmp_path):
     (call,) = _run_block("PR comment", tmp_path, env, exit_code=3)
     assert call == ["evalgate", "pr-comment", "--latest", "--suite", "evalgate.toml", "--body-file", "out/comment.md",
                     "--artifact", "evalgate-report"]
+
+
+def test_the_fetch_steps_find_the_lock_beside_the_suite_and_fetch_exactly_what_it_pins(tmp_path, monkeypatch):
+    """A suite with evalgate.lock: the lock is found beside the suite (its path keys the Hugging Face cache),
+    and on a cache miss `evalgate fetch --locked` runs with the token input as HF_TOKEN. Run for real."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gate").mkdir()
+    (tmp_path / "gate" / "evalgate.toml").write_text("")
+    assert _run_block("Find the lock", tmp_path, {"EVALGATE_SUITE": "gate/evalgate.toml"}) == []
+    assert not (tmp_path / "output").exists()  # no lock: no cache, no fetch
+    (tmp_path / "gate" / "evalgate.lock").write_text("version = 1\n")
+    _run_block("Find the lock", tmp_path, {"EVALGATE_SUITE": "gate/evalgate.toml"})
+    assert (tmp_path / "output").read_text() == "path=gate/evalgate.lock\n"
+    steps = {s.get("name"): s for s in _load_action()["runs"]["steps"]}
+    cache = steps["Restore the Hugging Face cache"]
+    assert cache["if"] == "steps.lock.outputs.path != ''" and "hashFiles(steps.lock.outputs.path)" in cache["with"]["key"]
+    fetch_step = steps["evalgate fetch (the locked models and datasets)"]
+    assert "steps.hf-cache.outputs.cache-hit != 'true'" in fetch_step["if"]
+    assert fetch_step["env"]["HF_TOKEN"] == "${{ inputs.hf-token }}"
+    (call,) = _run_block("evalgate fetch (the locked models and datasets)", tmp_path, {"EVALGATE_SUITE": "gate/evalgate.toml"})
+    assert call == ["evalgate", "fetch", "gate/evalgate.toml", "--locked", "--no-progress"]
+
+
+def _zizmor() -> str:
+    return shutil.which("zizmor") or str(Path(sys.executable).parent / "zizmor")
+
+
+def test_the_workflows_and_the_action_pass_a_security_audit():
+    """zizmor --offline: actions pinned to a commit, credentials not persisted, least permissions."""
+    files = [*sorted((ROOT / ".github" / "workflows").glob("*.yml")), ROOT / "action.yml"]
+    proc = subprocess.run([_zizmor(), "--offline", "--no-progress", *map(str, files)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
