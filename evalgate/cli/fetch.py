@@ -10,11 +10,11 @@ import typer
 from ..configuration.suite_file import find_suite
 from ..fetch import fetch as fetch_suite
 from .common import console, handled
+from .gate import SuiteArg
 
 
 @handled
-def fetch(suite: Optional[Path] = typer.Argument(None, help="Suite file (default: ./evalgate.toml, or "
-                                                            "./pyproject.toml with [tool.evalgate])"),
+def fetch(suite: Optional[Path] = SuiteArg,
           progress: bool = typer.Option(True, help="Show download progress bars"),
           locked: bool = typer.Option(False, "--locked", help="Download exactly the commits evalgate.lock pins and "
                                       "keep the lock (CI); fails when the lock does not cover the suite")):
