@@ -159,6 +159,11 @@ def model_component(model_dir: Path) -> dict:
     return component({"files": hash_files(files)}, _origin(model_dir))
 
 
+def adapter_files(adapter_dir: Path) -> dict[str, str]:
+    """{file: sha256} of a LoRA adapter directory, docs aside: its identity (configuration/adapters.py)."""
+    return hash_files({n: p for n, p in _files_under(adapter_dir).items() if not _DOC_FILE.search(Path(n).name)})
+
+
 def tokenizer_component(tokenizer_dir: Path) -> dict:
     files = {n: p for n, p in _files_under(tokenizer_dir).items() if Path(n).name in TOKENIZER_FILES}
     return component({"files": hash_files(files)}, _origin(tokenizer_dir))

@@ -82,4 +82,5 @@ ENGINES = Registry("evalgate.engines", {
 }, what="engine kind", base="evalgate.engines.base:Engine")
 PROBES = Registry("evalgate.probes", _probe_modules(), what="probe", base="evalgate.probes.base:Probe")
 # vLLM's determinism scenarios, in the order their passes are planned (own engines last in any case)
-PROBE_PRESETS = {"vllm": ("batch_edges", "needle", "prefix_cache", "prefill_decode", "chunked_prefill", "preemption")}
+PROBE_PRESETS = {"vllm": ("batch_edges", "needle", "adapter_mix", "prefix_cache", "prefill_decode", "chunked_prefill",
+                          "preemption")}

@@ -117,7 +117,8 @@ def db_url(request, store_backend, tmp_path) -> str:
 
 # Measured per-module cost (seconds of one worker, CI machine class), longest first. Two workers that start
 # with the long modules finish together; a long module collected last would leave one worker waiting on it.
-LONGEST_FIRST = ("test_e2e_lm_eval", "test_e2e_server", "test_demo", "test_smollm2", "test_e2e_cost", "test_e2e_gate",
+LONGEST_FIRST = ("test_e2e_lm_eval", "test_e2e_server", "test_demo", "test_e2e_adapters", "test_smollm2", "test_e2e_cost",
+                 "test_e2e_gate",
                  "test_e2e_init", "test_e2e_schedulers", "test_e2e_hub",
                  "test_e2e_bisect_config", "test_e2e_traffic", "test_e2e_bisect_batch", "test_e2e_bisect_commits",
                  "test_e2e_unicode_secrets", "test_e2e_faults")

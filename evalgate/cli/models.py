@@ -1,4 +1,5 @@
-"""`evalgate build-model`: a model directory built on this machine, with no model hub."""
+"""`evalgate build-model` and `evalgate build-adapter`: a model directory, or a LoRA adapter for one, built on
+this machine with no model hub."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from ..models.adapter import build_adapter
 from ..models.smollm2 import DTYPES, build_smollm2
 from ..models.tinymodel import PRESETS, TRAIN_STEPS, build_model
 from .common import console, handled
@@ -35,3 +37,14 @@ def build(directory: Path = typer.Argument(..., help="Where to write the model (
     build_model(directory, preset, seed, steps)
     trained = f", {steps or TRAIN_STEPS[preset]} training steps" if preset in TRAIN_STEPS else ""
     console.print(f"built {preset} model (seed {seed}{trained}) in {directory}")
+
+
+@handled
+def adapter(model: Path = typer.Argument(..., help="The model directory the adapter is for"),
+            directory: Path = typer.Argument(..., help="Where to write the adapter (replaced if it exists)"),
+            rank: int = typer.Option(8, min=1, help="The LoRA rank r"),
+            seed: int = typer.Option(0, help="Weight seed: another seed gives another adapter"),
+            scale: float = typer.Option(1.0, help="How far the adapter moves the model (B's spread; 0 changes nothing)")):
+    """Build a random LoRA adapter (PEFT layout) for a local model: to try a suite's adapters without a trained one."""
+    build_adapter(model, directory, rank, seed, scale)
+    console.print(f"built a rank-{rank} LoRA adapter (seed {seed}) for {model} in {directory}")

@@ -117,7 +117,7 @@ def model_dir(table: dict, root: Path, where: str, section: str, *, required: bo
     if not value:
         raise fail(where, f"`{section}model` is missing",
                    'set it to a local model directory (config.json + weights) or a Hub repo id, e.g. "org/name"')
-    path = _local_or_hub(value, revision, root, where, f"{section}model", "revision")
+    path = local_or_hub(value, revision, root, where, f"{section}model", "revision")
     if not is_dir(path) or not is_file(path / "config.json"):
         raise fail(where, f"`{section}model`: {path} is not a model directory (no config.json)",
                    "point it at a local Hugging Face model directory (`evalgate build-model DIR` builds one), or name a "
@@ -131,13 +131,14 @@ def tokenizer_dir(table: dict, root: Path, where: str, section: str) -> Path | N
     if revision is not None and not value:
         raise fail(where, f"`{section}tokenizer_revision` is set without `{section}tokenizer`",
                    f"set `{section}tokenizer` to a Hub repo id")
-    path = _local_or_hub(value, revision, root, where, f"{section}tokenizer", "tokenizer_revision") if value else None
+    path = local_or_hub(value, revision, root, where, f"{section}tokenizer", "tokenizer_revision") if value else None
     if path is not None and not is_dir(path):
         raise fail(where, f"`{section}tokenizer`: {path} is not a directory", "point it at a tokenizer directory or a Hub repo id")
     return path
 
 
-def _local_or_hub(value: str, revision: str | None, root: Path, where: str, field: str, revision_key: str) -> Path:
+def local_or_hub(value: str, revision: str | None, root: Path, where: str, field: str, revision_key: str) -> Path:
+    """A local path (relative to the suite), or the locked snapshot of a Hub repo id at `revision`."""
     if is_hub_id(value, root):
         return resolve_hub_repo(value, revision, root, where, field)
     if revision is not None:

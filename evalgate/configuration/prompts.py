@@ -2,7 +2,9 @@
 
 A prompts file is JSONL: one `{"id", "prompt", optional "max_tokens", "metadata"}` object per line, or a
 chat request: `messages` (OpenAI shape, role/content) instead of `prompt`, with optional
-`chat_template_kwargs` (docs/suite.md). The model's chat template turns messages into prompt ids
+`chat_template_kwargs` (docs/suite.md). A line's `adapter` names the LoRA adapter it runs under (one of the
+suite's `[adapters]`); `[prompts] adapters = [...]` runs every other line under each adapter listed, as the
+request `id@adapter` (`id` itself under "base", the base model). The model's chat template turns messages into prompt ids
 (engines/base.py `Engine.encode_chat`; a server applies its own, `/v1/chat/completions`). Every mistake
 is a ConfigError naming the file and line. lm-eval tasks produce the same `Prompt` objects
 (evalgate/lmeval/tasks.py), with the scoring fields set.
@@ -17,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .adapters import BASE_MODEL, adapter_choices
 from .config import read_capped
 
-PROMPT_KEYS = {"id", "prompt", "messages", "chat_template_kwargs", "max_tokens", "metadata"}
+PROMPT_KEYS = {"id", "prompt", "messages", "chat_template_kwargs", "max_tokens", "metadata", "adapter"}
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 # Request types: plain prompts are `generate`; lm-eval produces the other three (evalgate/lmeval/tasks.py).
 SCORING_TYPES = ("loglikelihood", "loglikelihood_rolling")
@@ -47,6 +50,7 @@ class Prompt:
     # Chat requests (a `messages` line): the conversation, rendered by the model's chat template.
     messages: tuple[dict[str, str], ...] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    adapter: str | None = None  # the LoRA adapter it runs under (configuration/adapters.py); None: the base model
 
     def chat(self) -> list[dict[str, str]]:
         """The conversation as the chat APIs take it."""
@@ -68,8 +72,15 @@ def max_prompts_bytes(path: Path) -> int:
     return limit
 
 
-def load_prompts(path: Path) -> list[Prompt]:
-    """Read a JSONL prompts file: one {"id", "prompt", optional "max_tokens", "metadata"} object per line."""
+def adapter_key(key: str, adapter: str | None) -> str:
+    """A prompt's request key under an adapter of `[prompts] adapters`: `id@adapter`, `id` under the base model."""
+    return key if adapter in (None, BASE_MODEL) else f"{key}@{adapter}"
+
+
+def load_prompts(path: Path, adapters: tuple[str, ...] = (), run_under: tuple[str, ...] = ()) -> list[Prompt]:
+    """Read a JSONL prompts file: one {"id", "prompt", optional "max_tokens", "metadata"} object per line.
+    `adapters`: the suite's adapter names (a line's `adapter` must be one); `run_under`: `[prompts] adapters`,
+    the adapters (or "base") every line that names none runs under."""
     limit = max_prompts_bytes(path)
     try:
         raw = read_capped(path, limit, "the prompts file",
@@ -103,8 +114,8 @@ def load_prompts(path: Path) -> list[Prompt]:
         if unknown:
             raise ConfigError(
                 f"{where}: unknown field(s) {', '.join(sorted(unknown))}",
-                fix="allowed: id, prompt or messages, chat_template_kwargs, max_tokens, metadata (put anything else under "
-                    "`metadata`)",
+                fix="allowed: id, prompt or messages, chat_template_kwargs, max_tokens, adapter, metadata (put anything "
+                    "else under `metadata`)",
             )
         key = obj.get("id")
         if isinstance(key, bool) or not isinstance(key, (str, int)) or str(key) == "":
@@ -113,9 +124,7 @@ def load_prompts(path: Path) -> list[Prompt]:
         if _has_surrogate(key):
             raise ConfigError(f"{where}: field `id` contains an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)",
                               fix="write the character itself, or a complete surrogate pair")
-        if key in seen:
-            raise ConfigError(f"{where}: duplicate id {key!r} (first on line {seen[key]})", fix="make every id unique")
-        seen[key] = lineno
+        own = _adapter(obj, where, adapters)
         chat = "messages" in obj
         if chat == ("prompt" in obj):
             raise ConfigError(f"{where}: give either `prompt` (text) or `messages` (a chat), not "
@@ -137,11 +146,30 @@ def load_prompts(path: Path) -> list[Prompt]:
         max_tokens = obj.get("max_tokens")
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
             raise ConfigError(f"{where}: field `max_tokens` must be a positive integer", fix="fix or remove max_tokens")
-        prompts.append(Prompt(key=key, text=prompt, max_tokens=max_tokens, line=lineno, messages=messages,
-                              chat_template_kwargs=kwargs))
+        for adapter in (own,) if own or not run_under else run_under:
+            request = key if own else adapter_key(key, adapter)  # a line's own adapter keeps its id
+            if request in seen:
+                raise ConfigError(f"{where}: duplicate id {request!r} (first on line {seen[request]})",
+                                  fix="make every id unique (a prompt run under several adapters is `id@adapter`)")
+            seen[request] = lineno
+            prompts.append(Prompt(key=request, text=prompt, max_tokens=max_tokens, line=lineno, messages=messages,
+                                  chat_template_kwargs=kwargs, adapter=None if adapter == BASE_MODEL else adapter))
     if not prompts:
         raise ConfigError(f"{path}: prompts file is empty", fix='add lines like {"id": "p1", "prompt": "Hello"}')
     return prompts
+
+
+def _adapter(obj: dict, where: str, adapters: tuple[str, ...]) -> str | None:
+    """A line's `adapter`: one of the suite's [adapters] (or "base"), None when the line names none."""
+    if "adapter" not in obj:
+        return None
+    name = obj["adapter"]
+    if name == BASE_MODEL:
+        return BASE_MODEL
+    if not isinstance(name, str) or name not in adapters:
+        raise ConfigError(f"{where}: field `adapter` is {name!r}, not an adapter of the suite",
+                          fix=adapter_choices(adapters))
+    return name
 
 
 def _text(value, where: str, field: str, *, empty: bool = False) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..hashing import digest
 from ..registry import ENGINES, PROBE_PRESETS, PROBES
+from .adapters import BASE_MODEL, Adapter, adapter_choices, lora_settings, parse_adapters
 from .config import (
     COMMON_KEYS,
     DEFAULT_DATABASE,
@@ -54,12 +55,12 @@ SAMPLING_KEYS = {
     "frequency_penalty": (int, float),
     "ignore_eos": bool,
 }
-TOP_TABLES = ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "cost", "load", "gate", "probes")
+TOP_TABLES = ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "cost", "load", "gate", "probes", "adapters")
 SUITE_KEYS = {"name", "database", "code_paths", "template_date"}
-PROMPTS_TABLE_KEYS = {"file"}
+PROMPTS_TABLE_KEYS = {"file", "adapters"}
 SCHEDULE_KEYS = {"concurrency", "shuffles", "repeats", "seed", "hot_pass", "probes", "preset", "rotation"}
 LM_EVAL_KEYS = {"tasks", "include_path", "limit", "num_fewshot", "fewshot_seed", "bootstrap_iters", "add_bos_token",
-                "apply_chat_template", "system_instruction", "fewshot_as_multiturn"}
+                "apply_chat_template", "system_instruction", "fewshot_as_multiturn", "adapter"}
 @dataclass(frozen=True)
 class LmEvalConfig:
     """The suite's [lm_eval] table: lm-eval tasks to run as evalgate requests (docs/suite.md)."""
@@ -75,6 +76,7 @@ class LmEvalConfig:
     apply_chat_template: bool | str = False  # true: the tokenizer's template; a name: one of its named templates
     system_instruction: str | None = None
     fewshot_as_multiturn: bool = True  # with a template: few-shot examples as user/assistant turns (lm-eval's default)
+    adapter: str | None = None  # the LoRA adapter every task request runs under (None: the base model)
 
 
 @dataclass
@@ -101,6 +103,7 @@ class Suite:
     notes: tuple[str, ...] = ()  # what the file still says the old way, and where it moved (the CLI shows them)
     # the date chat templates render with (template_date.py): "auto" until a run resolves it, a date, or "wall-clock"
     template_date: str = AUTO
+    adapters: dict[str, Adapter] = field(default_factory=dict)  # [adapters]: name -> LoRA adapter
     root: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -118,7 +121,15 @@ class Suite:
         return params
 
     def request_hash(self, prompt: Prompt) -> str:
-        """Identity of one request: its text and effective sampling parameters (not its key)."""
+        """Identity of one request: its text and effective sampling parameters (not its key), and the files
+        of the adapter it runs under (**contract**: a request without an adapter hashes as it always has)."""
+        own = self.own_hash(prompt)
+        if prompt.adapter is None:
+            return own
+        return digest({"request": own, "adapter": self.adapters[prompt.adapter].digest})
+
+    def own_hash(self, prompt: Prompt) -> str:
+        """The request's own part of its identity: text and sampling, whatever adapter it runs under."""
         if prompt.request_type == "generate":
             chat = {"chat_template_kwargs": prompt.chat_template_kwargs} if prompt.chat_template_kwargs else {}
             return digest({"prompt": prompt.text, "sampling": self.sampling_for(prompt), **chat})
@@ -127,11 +138,23 @@ class Suite:
 
     def identity(self) -> dict[str, Any]:
         """The `suite` fingerprint component: every request key with its request hash, plus the lm-eval
-        tasks' configuration and document digests when the suite has tasks."""
+        tasks' configuration and document digests when the suite has tasks, and the adapters when requests
+        run under one: each adapter's files, and per request its adapter and its own hash (so a judgement
+        can tell an edited adapter from an edited prompt: judgement/verdict.py)."""
         identity: dict[str, Any] = {"requests": {p.key: self.request_hash(p) for p in self.prompts}}
         if self.task_identity:
             identity["tasks"] = self.task_identity
+        adapted = [p for p in self.prompts if p.adapter is not None]
+        if adapted:
+            identity["adapters"] = {
+                "files": {name: self.adapters[name].files for name in sorted({p.adapter for p in adapted})},
+                "requests": {p.key: {"adapter": p.adapter, "own": self.own_hash(p)} for p in adapted}}
         return identity
+
+    def adapter_of(self, key: str) -> Adapter | None:
+        """The adapter request `key` runs under (None: the base model)."""
+        name = next((p.adapter for p in self.prompts if p.key == key), None)
+        return self.adapters.get(name) if name else None
 
     @property
     def locations(self) -> dict[str, str]:
@@ -168,7 +191,7 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     # [cost] belongs to `evalgate cost` (evalgate/cost.py validates it); it never changes a run.
     check_keys(data, set(TOP_TABLES), where, prefix)
     tables = {}
-    for name in ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "load", "gate", "probes"):
+    for name in ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "load", "gate", "probes", "adapters"):
         value = data.get(name, {})
         if not isinstance(value, dict):
             raise fail(where, f"`{prefix}{name}` must be a table", f"write it as [{prefix}{name}]")
@@ -183,8 +206,13 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     engine_cls = ENGINES.load(kind)
     engine = engine_cls.parse_config(dict(tables["engine"]), root, where, sec)
     sampling = _sampling_table(tables["sampling"], where, f"{prefix}sampling.")
-    lm_eval = _lm_eval_config(tables["lm_eval"], root, where, f"{prefix}lm_eval.") if "lm_eval" in data else None
-    prompts_file, prompts = _prompts_table(tables["prompts"], root, where, f"{prefix}prompts.", tasks=lm_eval is not None)
+    adapters = parse_adapters(tables["adapters"], root, where, f"{prefix}adapters.")
+    if adapters:
+        engine = _serving_adapters(engine_cls, engine, adapters, where, sec)
+    lm_eval = _lm_eval_config(tables["lm_eval"], root, where, f"{prefix}lm_eval.", tuple(adapters)) \
+        if "lm_eval" in data else None
+    prompts_file, prompts = _prompts_table(tables["prompts"], root, where, f"{prefix}prompts.", tuple(adapters),
+                                           tasks=lm_eval is not None)
     schedule, notes = _schedule_table(tables["schedule"], tables["probes"], where, prefix)
     if "load" in data:
         traced = isinstance(tables["load"], dict) and "trace" in tables["load"]
@@ -209,7 +237,20 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
         prompts_file=prompts_file, prompts=prompts, schedule=schedule,
         code_paths=code_paths, database=db, lm_eval=lm_eval, server=engine.server, cost_table=data.get("cost"),
         gate=parse_gate_table(tables["gate"], where, prefix), notes=notes, template_date=template_date,
+        adapters=adapters,
     )
+
+
+def _serving_adapters(engine_cls, engine, adapters: dict[str, Adapter], where: str, sec: str):
+    """The engine settings of a suite with adapters: an engine evalgate starts gets LoRA turned on, sized
+    for the adapters (engine identity, like every [engine] setting); a server you run serves them by name."""
+    if engine_cls.serves_adapters is None:
+        raise fail(where, f"the {engine_cls.kind} engine cannot run LoRA adapters ([adapters])",
+                   'use `engine.kind` "vllm", "vllm-server" or "openai" (a server that serves the adapters by name)')
+    if engine_cls.serves_adapters == "by_name":
+        return engine
+    settings = lora_settings(adapters, engine.engine_args, where, sec)
+    return dataclasses.replace(engine, engine_args={**engine.engine_args, **settings})
 
 
 def _suite_table(table: dict, path: Path, where: str, prefix: str) -> tuple[str, str, list[Path]]:
@@ -253,9 +294,17 @@ def _sampling_table(table: dict, where: str, sec: str) -> dict[str, Any]:
     return sampling
 
 
-def _prompts_table(table: dict, root: Path, where: str, sec: str, *, tasks: bool) -> tuple[Path | None, list[Prompt]]:
-    """[prompts]: the prompts file and its prompts; a suite of lm-eval tasks alone may have none."""
+def _prompts_table(table: dict, root: Path, where: str, sec: str, adapters: tuple[str, ...], *,
+                   tasks: bool) -> tuple[Path | None, list[Prompt]]:
+    """[prompts]: the prompts file and its prompts; a suite of lm-eval tasks alone may have none. `adapters`:
+    the suite's adapter names, which `[prompts] adapters` (and a line's `adapter`) choose from."""
     check_keys(table, PROMPTS_TABLE_KEYS, where, sec)
+    run_under = typed(table, "adapters", list, where, sec, default=[])
+    for name in run_under:
+        if name != BASE_MODEL and name not in adapters:
+            raise fail(where, f"`{sec}adapters`: {name!r} is not an adapter of the suite", adapter_choices(adapters))
+    if len(set(run_under)) != len(run_under):
+        raise fail(where, f"`{sec}adapters` names an adapter twice", "list every adapter once")
     file_s = typed(table, "file", str, where, sec)
     if not file_s:
         if tasks:
@@ -267,7 +316,7 @@ def _prompts_table(table: dict, root: Path, where: str, sec: str, *, tasks: bool
         state = ("is a directory" if is_dir(prompts_file) else "does not exist" if not prompts_file.exists()
                  else "is not a regular file")
         raise fail(where, f"`{sec}file`: {prompts_file} {state}", "set it to an existing JSONL file (relative to the suite file)")
-    return prompts_file, load_prompts(prompts_file)
+    return prompts_file, load_prompts(prompts_file, adapters, tuple(run_under))
 
 
 # [schedule] keys that moved to a probe's own table: old key -> (probe, its key there)
@@ -341,8 +390,11 @@ def with_fail_on(suite: Suite, fail_on: str) -> Suite:
     return dataclasses.replace(suite, gate=dataclasses.replace(suite.gate, fail_on=fail_on))
 
 
-def _lm_eval_config(table: dict, root: Path, where: str, sec: str) -> LmEvalConfig:
+def _lm_eval_config(table: dict, root: Path, where: str, sec: str, adapters: tuple[str, ...] = ()) -> LmEvalConfig:
     check_keys(table, LM_EVAL_KEYS, where, sec)
+    adapter = typed(table, "adapter", str, where, sec)
+    if adapter is not None and adapter != BASE_MODEL and adapter not in adapters:
+        raise fail(where, f"`{sec}adapter` is {adapter!r}, not an adapter of the suite", adapter_choices(adapters))
     tasks = typed(table, "tasks", list, where, sec, default=[])
     if not tasks or not all(isinstance(t, str) and t.strip() for t in tasks):
         raise fail(where, f"`{sec}tasks` must be a non-empty list of task names",
@@ -373,6 +425,7 @@ def _lm_eval_config(table: dict, root: Path, where: str, sec: str) -> LmEvalConf
         tasks=tuple(tasks), include_path=tuple(paths), limit=limit, num_fewshot=num_fewshot,
         fewshot_seed=typed(table, "fewshot_seed", int, where, sec, default=1234), bootstrap_iters=bootstrap,
         add_bos_token=typed(table, "add_bos_token", bool, where, sec),
+        adapter=None if adapter == BASE_MODEL else adapter,
         **_lm_eval_chat(table, where, sec),
     )
 
@@ -416,6 +469,12 @@ def hub_wants(path: str | Path) -> HubWants:
         if value and is_hub_id(value, root):
             revision = typed(engine, revision_key, str, where, sec, default="main")
             repos.append((f"{sec}{key}", value, revision))
+    adapters = data.get("adapters", {})
+    for name, value in (adapters.items() if isinstance(adapters, dict) else ()):
+        value = {"path": value} if isinstance(value, str) else value
+        if isinstance(value, dict) and isinstance(value.get("path"), str) and is_hub_id(value["path"], root):
+            revision = value.get("revision") if isinstance(value.get("revision"), str) else "main"
+            repos.append((f"{prefix}adapters.{name}", value["path"], revision))
     table = data.get("lm_eval")
     lm_eval = _lm_eval_config(table, root, where, f"{prefix}lm_eval.") if isinstance(table, dict) else None
     return HubWants(path, tuple(repos), lm_eval)

@@ -58,6 +58,9 @@ class Engine:
     # How a trace's events are placed (evalgate/execution/replay.py): "step" (between engine steps, exact:
     # `step_session`), "timed" (sent at wall-clock offsets: `under_load` with a trace), None (no replay).
     placement: ClassVar[str | None] = None
+    # How the kind runs a suite's LoRA adapters ([adapters]): "started" (evalgate starts the engine with LoRA on,
+    # configuration/adapters.py `lora_settings`), "by_name" (a server you run serves each under its name), None.
+    serves_adapters: ClassVar[str | None] = None
 
     suite: Suite  # the suite the engine was started for (its sampling settings: the probes, the bisectors)
     launch_env: dict[str, str]  # allow-listed environment the engine started with (fingerprint `env`)

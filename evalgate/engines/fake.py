@@ -22,6 +22,11 @@ for the keys listed in `fake_vary_with_batch`, the size of the wave the request 
   the cache (`cached_tokens` = its prompt length) when the same request already ran under the same salt
   (or unsalted) since the last reset; a key in `fake_vary_with_cache` served from the cache gets different
   tokens from the middle of its output on (a prefix-cache effect);
+- a request under a LoRA adapter ([adapters]) gets outputs of the weights hash combined with the adapter's
+  files hash (an edited adapter changes its own requests only); a key in `fake_vary_with_adapter_mix` that
+  shares its wave with a request under another adapter (or the base model) gets different tokens from the
+  middle of its output on (a planted adapter-mix effect); `max_num_seqs = 1` removes it (nobody shares
+  the batch);
 - `fake_seconds_per_wave` sleeps that long per wave, so a test can interrupt a run mid-pass;
 - replays (evalgate/execution/replay.py) are step-placed, as on the `vllm` kind: every running request
   gets one token per step (its first at the step after it arrives); a gated request that shares a step
@@ -58,7 +63,7 @@ if TYPE_CHECKING:
     from ..configuration.suite import Suite
 
 VARY_KEYS = ("fake_vary_with_batch", "fake_drift_with_batch", "fake_vary_with_cache", "fake_vary_with_cancel", "fake_hardware_drift",
-             "fake_hardware_near_tie", "fake_hardware_confident")
+             "fake_hardware_near_tie", "fake_hardware_confident", "fake_vary_with_adapter_mix")
 FAKE_KEYS = frozenset({*VARY_KEYS, "fake_seconds_per_wave"})
 HARDWARE_DRIFT = 1e-6  # nats: how far a `fake_hardware_drift` key's logprobs move on another hardware class
 DEFAULT_MAX_MODEL_LEN = 512
@@ -70,6 +75,7 @@ class FakeEngine(Engine):
     can_reset_cache = True
     salts_cache = True
     placement = "step"
+    serves_adapters = "started"
 
     @classmethod
     def parse_config(cls, table: dict, root: Path, where: str, section: str) -> EngineConfig:
@@ -96,6 +102,7 @@ class FakeEngine(Engine):
         self.vary_cached = set(suite.engine_args.get("fake_vary_with_cache", []))
         self.vary_cancelled = set(suite.engine_args.get("fake_vary_with_cancel", []))
         self.drift_crowded = set(suite.engine_args.get("fake_drift_with_batch", []))
+        self.vary_mixed = set(suite.engine_args.get("fake_vary_with_adapter_mix", []))
         # another hardware class: a kernel dispatch setting caps this machine (fingerprint.kernel_dispatch)
         other_class = bool(hardware_component()["data"].get("dispatch"))
         self.hardware = {name: set(suite.engine_args.get(f"fake_hardware_{name}", [])) if other_class else set()
@@ -156,7 +163,9 @@ class FakeEngine(Engine):
         hits = [self.cache_hit(p.key, cache_salt) for p in prompts]
         # max_num_seqs = 1: one sequence at a time, as vLLM schedules it, so no request has company
         crowded = len(prompts) > 1 and self.suite.engine_args.get("max_num_seqs") != 1
-        return [self._complete(p, crowded=crowded, cached=hit) for p, hit in zip(prompts, hits)]
+        adapters = {p.adapter for p in prompts} if crowded else set()
+        return [self._complete(p, crowded=crowded, cached=hit, mixed=bool(adapters - {p.adapter}))
+                for p, hit in zip(prompts, hits)]
 
     def cache_hit(self, key: str, cache_salt: str | None) -> bool:
         """Whether the request is served from the cache (it ran under this salt since the last reset)."""
@@ -167,8 +176,11 @@ class FakeEngine(Engine):
     def step_session(self) -> FakeSteps:
         return FakeSteps(self)
 
-    def _complete(self, prompt: Prompt, *, crowded: bool, cached: bool, cancelled: bool = False) -> Completion:
+    def _complete(self, prompt: Prompt, *, crowded: bool, cached: bool, cancelled: bool = False,
+                  mixed: bool = False) -> Completion:
         prompt_ids = self.tokenize(prompt)
+        # under an adapter: other weights, those of the base and the adapter's files together
+        weights = self.weights + (self.suite.adapters[prompt.adapter].digest if prompt.adapter else "")
         k = self.suite.sampling["logprobs"]
         flipped = prompt.key in self.hardware["near_tie"] | self.hardware["confident"]
         if prompt.request_type in SCORING_TYPES:
@@ -178,7 +190,8 @@ class FakeEngine(Engine):
             demoted = prompt.key in self.hardware["confident"]
             for context, continuation in prompt.segments:
                 ids += continuation
-                rows += [self._row(list(context), i, k, chosen=t, rank=min(3, k - 1) if demoted and i >= len(continuation) // 2 else 0)
+                rows += [self._row(weights, list(context), i, k, chosen=t,
+                                   rank=min(3, k - 1) if demoted and i >= len(continuation) // 2 else 0)
                          for i, t in enumerate(continuation)]
             finish = "scored"
         else:
@@ -187,7 +200,8 @@ class FakeEngine(Engine):
             salt += "cached" if cached and prompt.key in self.vary_cached else ""
             salt += "cancelled" if cancelled and prompt.key in self.vary_cancelled else ""
             salt += "hardware" if flipped else ""
-            rows = [self._row(prompt_ids, i, k, salt=salt if i >= n // 2 else "") for i in range(n)]
+            salt += "mixed" if mixed and prompt.key in self.vary_mixed else ""
+            rows = [self._row(weights, prompt_ids, i, k, salt=salt if i >= n // 2 else "") for i in range(n)]
             ids = [row[0][0] for row in rows]
             finish = "length"
         if prompt.key in self.hardware["drift"] or crowded and prompt.key in self.drift_crowded:
@@ -203,11 +217,11 @@ class FakeEngine(Engine):
                           token_texts=texts, text="".join(texts), finish_reason=finish,
                           cached_tokens=len(prompt_ids) if cached else 0)
 
-    def _row(self, prompt_ids: list[int], position: int, k: int, *, salt: str = "",
+    def _row(self, weights: str, prompt_ids: list[int], position: int, k: int, *, salt: str = "",
              chosen: int | None = None, rank: int = 0) -> tuple[list[int], list[float]]:
         """Top-k ids and logprobs at one position: a pure function of weights, prompt, position (and salt).
         `chosen` at `rank` (a scored token; rank 0: the top one)."""
-        seed = json.dumps([self.weights, prompt_ids, position, salt]).encode()
+        seed = json.dumps([weights, prompt_ids, position, salt]).encode()
         words = list(struct.unpack("<8I", hashlib.sha256(seed).digest()))
         ids = [chosen if chosen is not None and rank == 0 else words[0] % self.vocab]
         if chosen is not None and rank and ids[0] == chosen:

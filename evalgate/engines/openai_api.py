@@ -48,6 +48,7 @@ VLLM_SERVER_RESERVED = {
     "base_url": "`base_url` is for kind = \"openai\" (a server you run); remove it for kind = \"vllm-server\"",
     "served_model": "use `{sec}served_model_name` (a vLLM flag) to name the served model",
     "model_hash": "evalgate hashes `{sec}model` itself when it starts the server; remove `{sec}model_hash`",
+    "lora_modules": "name the adapters in [adapters] (evalgate serves each under its name); remove `{sec}lora_modules`",
 }
 RETRY_STATUSES = {408, 425, 429}  # and every 5xx
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -274,6 +275,7 @@ class OpenAIEngine(Engine):
     accepts_load = True
     placement = "timed"
     salts_cache = True  # vLLM's OpenAI server takes `cache_salt` in the request body
+    serves_adapters = "by_name"  # a request under an adapter names it as its `model` (vLLM's --lora-modules)
 
     @classmethod
     def parse_config(cls, table: dict, root, where: str, section: str) -> EngineConfig:
@@ -326,6 +328,13 @@ class OpenAIEngine(Engine):
             raise ConfigError(f"{self._where(self._model_key())}: the server at {self.base_url} does not serve "
                               f"{self.served_model!r} (it serves {names})",
                               fix="name the served model exactly as GET /v1/models lists it, or point at the right server")
+        names = {m.get("id") for m in served}
+        missing = sorted(set(self.suite.adapters) - names)
+        if missing:
+            raise ConfigError(f"{self.suite.path}: [adapters]: the server at {self.base_url} does not serve the adapter(s) "
+                              f"{', '.join(map(repr, missing))} (it serves {', '.join(map(repr, sorted(names)))})",
+                              fix="serve each adapter under its name in the suite: vLLM's --enable-lora --lora-modules "
+                                  "NAME=PATH (a LoRA adapter is a model the server lists in GET /v1/models)")
         info.root = entry.get("root")
         info.max_model_len = int(entry.get("max_model_len") or 0)
         version = await self._optional("GET", "/version")
@@ -471,8 +480,10 @@ class OpenAIEngine(Engine):
             completion.token_texts = [self._texts.get(t, "") for t in completion.output_ids.tolist()]
         return results
 
-    async def _completion(self, body: dict, key: str, route: str = "/v1/completions") -> dict:
-        body = {"model": self.served_model, **body, "return_token_ids": True}
+    async def _completion(self, body: dict, key: str, route: str = "/v1/completions", adapter: str | None = None) -> dict:
+        """One request to the server: the served model's, or with `adapter` the adapter's (served by its name)."""
+        model = adapter or self.served_model
+        body = {"model": model, **body, "return_token_ids": True}
         try:
             response = await self.client.call("POST", route, body)
         except RequestFailed as exc:
@@ -483,9 +494,9 @@ class OpenAIEngine(Engine):
                 raise ConfigError(f"{self._where(self._model_key())}: {exc.reason}",
                                   fix="name the served model exactly as GET /v1/models lists it") from None
             raise
-        if response.get("model") != self.served_model:
+        if response.get("model") != model:
             raise ConfigError(f"{self._where(self._model_key())}: the server answered request {key!r} with model "
-                              f"{response.get('model')!r}, the suite names {self.served_model!r}",
+                              f"{response.get('model')!r}, the suite names {model!r}",
                               fix="point the suite at the server that serves this model (a router or proxy may be "
                                   "sending requests elsewhere)")
         return response
@@ -497,7 +508,7 @@ class OpenAIEngine(Engine):
         if prompt.request_type in SCORING_TYPES:
             windows = await asyncio.gather(*(
                 self._completion({"prompt": list(context) + list(continuation), "max_tokens": 1, "temperature": 0.0,
-                                  "prompt_logprobs": k, **salt}, prompt.key)
+                                  "prompt_logprobs": k, **salt}, prompt.key, adapter=prompt.adapter)
                 for context, continuation in prompt.segments))
             t0 = time.perf_counter()
             try:
@@ -510,12 +521,12 @@ class OpenAIEngine(Engine):
             body.update(messages=prompt.chat(), logprobs=True, top_logprobs=k)
             if prompt.chat_template_kwargs:
                 body["chat_template_kwargs"] = prompt.chat_template_kwargs
-            response = await self._completion(body, prompt.key, "/v1/chat/completions")
+            response = await self._completion(body, prompt.key, "/v1/chat/completions", prompt.adapter)
             parse = _chat_completion
         else:
             ids = prompt.prompt_ids if prompt.prompt_ids is not None else self.pinned_chats.get(prompt.key)
             body["prompt"] = list(ids) if ids is not None else prompt.text
-            response = await self._completion(body, prompt.key)
+            response = await self._completion(body, prompt.key, adapter=prompt.adapter)
             parse = _completion
         t0 = time.perf_counter()
         try:

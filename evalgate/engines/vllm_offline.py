@@ -76,6 +76,7 @@ class VllmOfflineEngine(Engine):
     salts_cache = True
     starts_probe_engines = True
     placement = "step"
+    serves_adapters = "started"
 
     def __init__(self, suite: Suite):
         self.suite = suite
@@ -100,6 +101,7 @@ class VllmOfflineEngine(Engine):
         if self.invariance["requested"] and self.platform in INVARIANCE_PLATFORMS:
             self.invariance["in_force"] = _invariance_active()
         self.tokenizer = self.llm.get_tokenizer()
+        self.lora_requests = lora_requests(suite)
 
     def identity(self) -> dict[str, Any]:
         """The `engine` fingerprint component: everything about the engine that may change outputs."""
@@ -128,6 +130,7 @@ class VllmOfflineEngine(Engine):
             "torch_threads": torch.get_num_threads(),
             "libraries": runtime_libraries(),  # what LD_PRELOAD / LD_LIBRARY_PATH put under the engine
             "batch_invariance": dict(self.invariance),
+            **({"lora": _lora_identity(config.lora_config)} if config.lora_config is not None else {}),
         }
 
     @property
@@ -161,7 +164,7 @@ class VllmOfflineEngine(Engine):
     def generate(self, prompts: list[Prompt], cache_salt: str | None = None) -> list[Completion]:
         """Submit these requests together (one wave: they share the engine's batches). A scoring request
         (lm-eval loglikelihood) is one engine request per window, all in the same submission."""
-        inputs, params, owner = [], [], []
+        inputs, params, owner, loras = [], [], [], []
         for i, p in enumerate(prompts):
             sampling = self.sampling_params(p)
             salt = {"cache_salt": request_salt(cache_salt, p.key)} if cache_salt else {}
@@ -170,12 +173,15 @@ class VllmOfflineEngine(Engine):
                     inputs.append({"prompt_token_ids": list(context) + list(continuation), **salt})
                     params.append(sampling)
                     owner.append(i)
+                    loras.append(self.lora_request(p))
             else:
                 inputs.append(self.engine_input(p, salt))
                 params.append(sampling)
                 owner.append(i)
+                loras.append(self.lora_request(p))
+        lora = {"lora_request": loras} if self.lora_requests else {}
         try:
-            outputs = self.llm.generate(inputs, params, use_tqdm=False)
+            outputs = self.llm.generate(inputs, params, use_tqdm=False, **lora)
         except Exception as exc:
             raise EngineError(f"vLLM failed during generation: {type(exc).__name__}: {exc}") from exc
         per_request: list[list] = [[] for _ in prompts]
@@ -190,6 +196,10 @@ class VllmOfflineEngine(Engine):
 
         flat = {"flat_logprobs": True} if "flat_logprobs" in SamplingParams.__struct_fields__ else {}
         return SamplingParams(**self.suite.sampling_for(prompt), **flat, **overrides)
+
+    def lora_request(self, prompt: Prompt):
+        """The request's LoRARequest (None: the base model)."""
+        return self.lora_requests[prompt.adapter] if prompt.adapter else None
 
     def engine_input(self, prompt: Prompt, salt: dict) -> dict:
         if prompt.prompt_ids is None and prompt.messages is None:
@@ -247,11 +257,12 @@ class VllmSteps:
         salt = {"cache_salt": request_salt(cache_salt, prompt.key)} if cache_salt else {}
         self.gated[prompt.key] = (prompt, None)
         self._add(prompt.key, self.engine.engine_input(prompt, salt),
-                  self.engine.sampling_params(prompt, output_kind=RequestOutputKind.FINAL_ONLY))
+                  self.engine.sampling_params(prompt, output_kind=RequestOutputKind.FINAL_ONLY),
+                  self.engine.lora_request(prompt))
 
-    def _add(self, request_id: str, prompt: dict, params) -> None:
+    def _add(self, request_id: str, prompt: dict, params, lora_request=None) -> None:
         try:
-            self.core.add_request(request_id, prompt, params)
+            self.core.add_request(request_id, prompt, params, lora_request=lora_request)
         except Exception as exc:
             raise EngineError(f"vLLM refused replay request {request_id!r}: {type(exc).__name__}: {exc}") from exc
         self.tokens[request_id] = 0
@@ -288,6 +299,25 @@ class VllmSteps:
     def completion(self, key: str) -> Completion:
         prompt, out = self.gated[key]
         return _completion(prompt, out, self.engine.suite.sampling["logprobs"])
+
+
+def lora_requests(suite: Suite) -> dict:
+    """name -> vLLM's LoRARequest for each of the suite's adapters; ids by name order, stable for a suite."""
+    if not suite.adapters:
+        return {}
+    from vllm.lora.request import LoRARequest
+
+    return {name: LoRARequest(name, n, str(adapter.path))
+            for n, (name, adapter) in enumerate(sorted(suite.adapters.items()), start=1)}
+
+
+def _lora_identity(lora_config) -> dict:
+    """vLLM's LoRA settings as it resolved them (the defaults included): what may change an adapter's outputs."""
+    keys = ("max_lora_rank", "max_loras", "max_cpu_loras", "lora_dtype", "fully_sharded_loras", "target_modules",
+            "specialize_active_lora")
+    plain = (bool, int, float, str, type(None))
+    return {k: v if isinstance(v, plain) else sorted(map(str, v)) if isinstance(v, (list, tuple, set)) else str(v)
+            for k in keys if hasattr(lora_config, k) for v in [getattr(lora_config, k)]}
 
 
 def rejected_by_config(exc: BaseException) -> bool:

@@ -198,6 +198,7 @@ def _usage_error(log: str) -> str | None:
 class VllmServerEngine(OpenAIEngine):
     kind = "vllm-server"
     own_keys = VLLM_SERVER_OWN_KEYS
+    serves_adapters = "started"
 
     @classmethod
     def parse_config(cls, table: dict, root, where: str, section: str) -> EngineConfig:
@@ -225,6 +226,8 @@ class VllmServerEngine(OpenAIEngine):
         # Prompt-token details: each response says how many prompt tokens came from the prefix cache. A
         # reporting flag, not an output-changing one: not in the identity's args.
         launch_args = {"enable_prompt_tokens_details": True, **args}
+        if suite.adapters:  # each served under its own name; where its files are is not identity, their content is
+            launch_args["lora_modules"] = [f"{name}={a.path}" for name, a in sorted(suite.adapters.items())]
         self.server = ServerProcess(suite.model, launch_args, tokenizer=suite.tokenizer, env=env,
                                     startup_timeout=suite.server.startup_timeout, where=f"{suite.path}: [engine]")
         self.server.start()

@@ -59,6 +59,7 @@ def score(engine: Engine, tokens: Tokens, salt: str | None, pass_index: int,
     of the same prompt and tokens already made on this engine, reused as they are (a prefill is a function of
     its tokens)."""
     out = {}
+    adapters = {p.key: p.adapter for p in engine.suite.prompts if p.adapter}
     limit = engine.max_model_len - 1  # the prefill asks for one token more
     for key, (prompt_ids, output_ids) in tokens.items():
         output_ids = output_ids[: max(0, limit - len(prompt_ids))]
@@ -66,7 +67,8 @@ def score(engine: Engine, tokens: Tokens, salt: str | None, pass_index: int,
         if known is not None and list(known.prompt_ids) == prompt_ids + output_ids:
             out[key] = known
         elif output_ids:
-            prompt = rescoring_prompt(key, prompt_ids, output_ids)
+            # under the request's own adapter: the same weights that chose the tokens
+            prompt = replace(rescoring_prompt(key, prompt_ids, output_ids), adapter=adapters.get(key))
             out[key], = engine.generate([prompt], cache_salt=f"{salt}-rescore") if salt else engine.generate([prompt])
     # each request is its own wave; a reused completion is copied, since it is stored under another pass too
     return [replace(c, pass_index=pass_index, concurrency=1, wave=wave, position=0) for wave, c in enumerate(out.values())]

@@ -229,7 +229,8 @@ def plan_for(schedule: Schedule, engine: Engine, suite: Suite,
         generating=sum(1 for p in suite.prompts if p.request_type not in SCORING_TYPES),
         longest_prompt=max((len(ids) for ids in prompt_ids.values()), default=0),
         max_model_len=engine.max_model_len, capture_sizes=engine.capture_sizes, kv_block_size=engine.kv_block_size,
-        starts_engines=engine.starts_probe_engines, prefix_caching=engine.prefix_caching, placement=engine.placement)
+        starts_engines=engine.starts_probe_engines, prefix_caching=engine.prefix_caching, placement=engine.placement,
+        adapters=tuple(sorted(suite.adapters)))
     probes, probes_not_run = plan_probes(schedule.probes, context)
     return passes + probes, not_run + probes_not_run
 

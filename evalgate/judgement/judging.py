@@ -22,6 +22,7 @@ from ..execution.request import Timings
 from ..fingerprint import delta as fingerprint_delta
 from ..fingerprint import describe_changes, hardware_label
 from ..store import BASELINE_RESCORING, OWN_RESCORING, RunRecord, Store
+from .adapters import describe_adapters
 from .hardware import across_hardware
 from .prompts import prompts_compared
 from .report import Report
@@ -66,8 +67,7 @@ def judge_run(current: RunRecord, baseline: RunRecord | None = None, judging: Ju
         kind=judging.kind, suite_name=current.run.suite_name, run_id=current.id,
         baseline_run_id=baseline.id if baseline else None, verdicts=verdicts, changed_components=changed,
         batch_invariance=engine.get("batch_invariance", {}), strict=judging.strict,
-        fingerprint_changes=describe_changes(baseline.fingerprint, current.fingerprint, changed + fingerprint_delta(
-            baseline.fingerprint, current.fingerprint, ("prompt",))) if baseline else {},
+        fingerprint_changes=fingerprint_changes(baseline, current) if baseline else {},
         metrics=compare_scores(store, current.id, baseline.id if baseline else None,
                                {v.key: v.verdict for v in verdicts}, policy.metric_alpha) if store is not None else [],
         task_changes=task_changes(baseline.fingerprint, current.fingerprint) if baseline else {},
@@ -81,6 +81,15 @@ def judge_run(current: RunRecord, baseline: RunRecord | None = None, judging: Ju
         prompts=prompts_compared(current, baseline) if baseline is not None else None,
         template_date=template_date_of(current, baseline))
     return replace(report, promoted=promotes(report, allow_variance=judging.allow_variance, shard=judging.shard))
+
+
+def fingerprint_changes(baseline: RunRecord, current: RunRecord) -> dict[str, str]:
+    """What changed in each component that differs, for people: the stack's, the rendered prompts', and the
+    adapters' (whose changes explain their own requests only)."""
+    old, new = baseline.fingerprint, current.fingerprint
+    changes = describe_changes(old, new, fingerprint_delta(old, new) + fingerprint_delta(old, new, ("prompt",)))
+    adapters = describe_adapters(old, new)
+    return {**changes, "adapter": adapters} if adapters else changes
 
 
 def promotes(report: Report, *, allow_variance: bool = False, shard: Shard | None = None) -> bool:

@@ -15,13 +15,14 @@ along its two paths: within the run, then against the baseline. The run's exit c
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypedDict
 
 from ..configuration.policy import BITS_ONLY, GatePolicy
 from ..configuration.schedule import HOT, UNKNOWN, Pass, passes_of
 from ..configuration.template_date import recorded_template_date
 from ..store import RunRecord
+from .adapters import request_adapters, request_change
 from .compare import Comparisons, Divergence, disagreement_of, pass_pairs
 from .factors import comparison_label
 from .prompts import PromptChange, prompt_change
@@ -55,6 +56,7 @@ class RequestVerdict:
     # a difference from another hardware class's baseline: drift | near_tie | confident (judgement/hardware.py)
     across: str | None = None
     prompt: PromptChange | None = None  # where the rendered prompt moved, when `prompt` explains the change
+    adapter: str | None = None  # the LoRA adapter the request ran under (None: the base model)
 
     @property
     def bits_only(self) -> bool:
@@ -75,6 +77,7 @@ class RequestVerdict:
             "flip": self.flip,
             "across": self.across,
             "prompt": self.prompt.to_dict() if self.prompt else None,
+            **({"adapter": self.adapter} if self.adapter else {}),  # only under an adapter: older reports are unchanged
         }
 
     @classmethod
@@ -90,6 +93,7 @@ class RequestVerdict:
             kinds=frozenset(data["kinds"] if "kinds" in data else ({BITS_ONLY} if data.get("bits_only") else ())),
             max_delta=data.get("max_delta"),
             flip=data.get("flip"), across=data.get("across"), prompt=PromptChange.from_dict(data.get("prompt")),
+            adapter=data.get("adapter"),
         )
 
     @property
@@ -154,6 +158,9 @@ def judge_requests(current: RunRecord, baseline: RunRecord | None, policy: GateP
     if baseline is not None:
         verdicts += [RequestVerdict(key, "missing", base_request.location, components=["suite"])
                      for key, base_request in baseline.requests.items() if key not in current.requests and in_scope(key)]
+    adapters = {**(request_adapters(baseline.fingerprint) if baseline else {}), **request_adapters(current.fingerprint)}
+    if adapters:
+        verdicts = [replace(v, adapter=adapters.get(v.key)) for v in verdicts]
     return Decided(verdicts, varying, pairs)
 
 
@@ -194,7 +201,8 @@ def baseline_verdict(key: str, request, current: RunRecord, baseline: RunRecord,
     explaining = list(changed)
     moved = None
     if base_request.request_hash != request.request_hash:
-        explaining.append("suite")  # its own text or sampling changed: its prompt moving follows from that
+        # its own text or sampling changed, or its adapter did: its prompt moving follows from that
+        explaining += request_change(baseline.fingerprint, current.fingerprint, key)
     else:
         moved = prompt_change(base_request, request)  # the same request: did what the engine saw move?
         if moved is not None:

@@ -311,6 +311,9 @@ class TaskRun:
                              "docs": digest(docs.get(name, {})), "n_docs": len(docs.get(name, {}))}
                       for name, cfg in sorted(results.get("configs", {}).items())},
         }
+        adapter = self.prepared.config.adapter  # [lm_eval] adapter: every task request runs under it
+        if adapter:
+            requests = [replace(p, adapter=adapter) for p in requests]
         return replace(suite, prompts=[*suite.prompts, *requests], task_identity=self.identity)
 
     def score(self, answers: dict) -> tuple[list[dict], list[dict]]:

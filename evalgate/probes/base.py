@@ -81,6 +81,7 @@ class PlanContext:
     starts_engines: bool  # whether the engine kind can start another engine with other settings
     prefix_caching: bool | None
     placement: str | None = None  # how the engine places a trace's events (Engine.placement): "step" is exact
+    adapters: tuple[str, ...] = ()  # the suite's LoRA adapters, by name ([adapters])
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,11 @@ def is_failure(verdict: str, strict: bool) -> bool:
     return verdict in (STRICT_FAILURES if strict else FAILURES)
 
 
+def request_label(v: RequestVerdict) -> str:
+    """The request as people read it: its key, and the LoRA adapter it ran under."""
+    return f"{v.key} [adapter {v.adapter}]" if v.adapter else v.key
+
+
 def one_line(v: RequestVerdict, *, compact: bool = False) -> str:
     """`explained_change at token 2: reference 315 ' upon', current 99 ' in' (margin 2.531); model`."""
     d = v.divergence
@@ -132,14 +137,15 @@ def one_line(v: RequestVerdict, *, compact: bool = False) -> str:
         return "new: only in this run (no baseline output to compare)"
     if v.verdict == "missing":
         return "missing: in the baseline, not in this run"
+    under = f" [adapter {v.adapter}]" if v.adapter else ""
     if d is None:
-        return v.verdict
+        return v.verdict + under
     ref, cur = divergence_tokens(d, compact=compact)
     margin = f" (margin {margin_text(d.margin)})" if d.margin is not None else ""
     reason = why(v)
     flip = (f" [{ACROSS_WORDS[v.across]} across hardware]" if v.across else f" [{FLIP_WORDS[v.flip]}]" if v.flip
             else "")
-    return f"{v.verdict} at token {d.position} ({d.kind}){flip}: reference {ref}, current {cur}{margin}" + (
+    return f"{v.verdict}{under} at token {d.position} ({d.kind}){flip}: reference {ref}, current {cur}{margin}" + (
         f"; {reason}" if reason else "")
 
 
@@ -293,6 +299,8 @@ def failure_text(v: RequestVerdict, fingerprint_changes: dict | None = None) -> 
     lines = [f"verdict: {v.verdict}"]
     if v.location:
         lines.append(f"location: {v.location}")
+    if v.adapter:
+        lines.append(f"adapter: {v.adapter}")
     d = v.divergence
     if d is not None:
         ref, cur = divergence_tokens(d)

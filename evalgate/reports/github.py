@@ -36,6 +36,7 @@ from .explain import (
     one_line,
     paired_text,
     prompt_lines,
+    request_label,
     split_location,
     why,
 )
@@ -175,7 +176,7 @@ def step_summary(report: Report, fingerprint_changes: Mapping[str, str] | None =
             d = v.divergence
             ref, cur = divergence_tokens(d) if d is not None else ("", "")
             verdict = f"**{v.verdict}**" if is_failure(v.verdict, report.strict) else v.verdict
-            cells = [md_text(v.key), verdict, ACROSS_WORDS.get(v.difference_class or "", ""),
+            cells = [md_text(request_label(v)), verdict, ACROSS_WORDS.get(v.difference_class or "", ""),
                      "" if d is None else str(d.position), md_text(ref), md_text(cur),
                      margin_text(d.margin if d else None), md_text(why(v))]
             lines.append("| " + " | ".join(cells) + " |")

@@ -39,6 +39,7 @@ from .explain import (
     one_line,
     paired_text,
     prompt_lines,
+    request_label,
     token_label,
     why,
 )
@@ -129,7 +130,8 @@ def _request(diff: RequestDiff) -> dict[str, Any]:
     if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
         prompt = prompt[:MAX_PROMPT_CHARS] + " \u2026"
     return {
-        "key": v.key, "verdict": v.verdict, "failing": v.verdict in FAILURES, "location": v.location, "why": why(v),
+        "key": v.key, "label": request_label(v), "verdict": v.verdict, "failing": v.verdict in FAILURES,
+        "location": v.location, "why": why(v),
         "divergence": d, "position": position, "margin": margin_text(d.margin) if d is not None else "",
         "difference": ACROSS_WORDS.get(v.difference_class or "", ""),
         "reference_token": token_label(d.reference_id, d.reference_text) if d is not None else "",

@@ -27,6 +27,7 @@ from .explain import (
     one_line,
     paired_text,
     prompt_lines,
+    request_label,
     why,
 )
 
@@ -93,7 +94,7 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
             d = v.divergence
             ref_tok, cur_tok = divergence_tokens(d, compact=True) if d is not None else ("", "")
             table.add_row(
-                Text(v.key), Text(v.verdict, style=STYLE[v.verdict]), ACROSS_WORDS.get(v.difference_class or "", ""),
+                Text(request_label(v)), Text(v.verdict, style=STYLE[v.verdict]), ACROSS_WORDS.get(v.difference_class or "", ""),
                 "" if d is None else str(d.position), ref_tok, cur_tok, margin_text(d.margin if d else None), why(v),
             )
         console.print(table)

@@ -32,7 +32,8 @@ def test_presets_name_registered_probes_and_unknown_names_are_none():
 def context(**kwargs) -> PlanContext:
     schedule = Schedule(concurrency=(1, 8), shuffles=0)
     values = dict(schedule=schedule, passes=plan_passes(schedule), requests=8, generating=8, longest_prompt=100,
-                  max_model_len=512, capture_sizes=None, kv_block_size=128, starts_engines=True, prefix_caching=True)
+                  max_model_len=512, capture_sizes=None, kv_block_size=128, starts_engines=True, prefix_caching=True,
+                  adapters=("support",))
     return PlanContext(**{**values, **kwargs})
 
 
@@ -47,10 +48,12 @@ def test_planning_puts_own_engines_last_and_says_why_a_probe_cannot_run():
     assert (hot.cache, hot.factor, hot.reference) == (HOT, "prefix_cache", 0)
     assert comparison_label(ctx.passes[0], hot) == "prefix cache cold→half the prompt cached (prefix_cache probe)"
 
-    _, not_run = plan_probes(("batch_edges", "prefill_decode", "prefix_cache", "preemption"),
-                             context(requests=2, generating=0, prefix_caching=False, starts_engines=False))
+    _, not_run = plan_probes(("batch_edges", "prefill_decode", "prefix_cache", "preemption", "adapter_mix"),
+                             context(requests=2, generating=0, prefix_caching=False, starts_engines=False, adapters=()))
     reasons = {n["pass"]: n["reason"] for n in not_run}
-    assert set(reasons) == {"probe batch_edges", "probe prefill_decode", "probe prefix_cache", "probe preemption"}
+    assert set(reasons) == {"probe batch_edges", "probe prefill_decode", "probe prefix_cache", "probe preemption",
+                            "probe adapter_mix"}
+    assert "no [adapters]" in reasons["probe adapter_mix"]
     assert "needs at least 3" in reasons["probe batch_edges"]
     assert "only the in-process `vllm` kind" in reasons["probe preemption"]
 
@@ -128,3 +131,23 @@ def test_remedies_are_data_that_a_suite_accepts(tmp_path):
     assert {key: suite.engine_args[key] for key in args} == args
     priced = {c.name: c.engine_args for c in default_candidates()}
     assert priced["max-num-seqs-1"] == settings["batch_size"] and priced["no-prefix-cache"] == settings["prefix_cache"]
+
+
+def test_the_adapter_mix_probes_neighbours_differ_between_its_passes_in_their_adapters_alone():
+    """Control and treatment share the neighbours' prompts and places; the treatment's neighbours run under
+    every other adapter and the base model in turn, the control's under the request's own."""
+    from evalgate.configuration.prompts import Prompt
+    from evalgate.probes.adapter_mix import mix_neighbours, other_adapters
+
+    prompts = {k: Prompt(k, f"text {k}", None, n + 1, adapter=a)
+               for n, (k, a) in enumerate([("p1", None), ("p1@x", "x"), ("p2@y", "y"), ("p3", None)])}
+    order, adapters = list(prompts), ["x", "y"]
+    request = prompts["p1@x"]
+    same = mix_neighbours(request, order, prompts, 5, adapters, mixed=False)
+    mixed = mix_neighbours(request, order, prompts, 5, adapters, mixed=True)
+    assert [p.text for p in same] == [p.text for p in mixed] == ["text p2@y", "text p3", "text p1", "text p2@y", "text p3"]
+    assert [p.adapter for p in same] == ["x"] * 5
+    assert [p.adapter for p in mixed] == [None, "y", None, "y", None] == (other_adapters("x", adapters) * 3)[:5]
+    assert other_adapters(None, adapters) == ["x", "y"]
+    alone = {"only": Prompt("only", "t", None, 1, adapter="x")}
+    assert [p.adapter for p in mix_neighbours(alone["only"], ["only"], alone, 2, ["x"], mixed=True)] == [None, None]

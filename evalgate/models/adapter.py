@@ -1,0 +1,61 @@
+"""Build a LoRA adapter for a local Llama-shaped model, with no training and no network: the PEFT layout
+(`adapter_config.json` + `adapter_model.safetensors`) vLLM loads, with seeded random A and B matrices on the
+attention projections, large enough to change the model's tokens. For the demo and the tests: a real team
+brings adapters it trained; this one only has to be a different adapter per seed, byte-identical per seed.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from ..errors import ConfigError, MissingDependency
+
+TARGETS = ("q_proj", "v_proj")
+
+
+def build_adapter(model_dir: str | Path, out_dir: str | Path, rank: int = 8, seed: int = 0, scale: float = 1.0) -> Path:
+    """Write a rank-`rank` LoRA adapter for the model in `model_dir` to `out_dir` (replaced if it exists).
+    `scale`: the standard deviation of B relative to the default (1.0: enough to flip tokens of the tiny
+    models and SmolLM2); another seed gives another adapter."""
+    try:
+        import torch
+        from safetensors.torch import save_file
+    except ImportError:
+        raise MissingDependency("torch and safetensors (pip install 'evalgate[vllm]')") from None
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{model_dir}: no readable config.json ({exc})", fix="point at a model directory") from None
+    if rank < 1:
+        raise ConfigError(f"--rank is {rank}", fix="use a rank of 1 or more, e.g. 8")
+    hidden = config["hidden_size"]
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    outputs = {"q_proj": heads * head_dim, "v_proj": config.get("num_key_value_heads", heads) * head_dim}
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(config["num_hidden_layers"]):
+        for target in TARGETS:
+            name = f"base_model.model.model.layers.{layer}.self_attn.{target}"
+            tensors[f"{name}.lora_A.weight"] = torch.randn(rank, hidden, generator=generator) / hidden ** 0.5
+            tensors[f"{name}.lora_B.weight"] = torch.randn(outputs[target], rank, generator=generator) * scale / rank ** 0.5
+    adapter_config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank, "lora_dropout": 0.0,
+        "target_modules": list(TARGETS), "bias": "none", "fan_in_fan_out": False, "modules_to_save": None,
+        "use_rslora": False, "use_dora": False, "base_model_name_or_path": str(model_dir.resolve()),
+    }
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir.parent) as tmp:
+        staged = Path(tmp) / "adapter"
+        staged.mkdir()
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(staged / "adapter_model.safetensors"))
+        (staged / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
+        if out_dir.exists():
+            import shutil
+
+            shutil.rmtree(out_dir)
+        staged.rename(out_dir)
+    return out_dir

@@ -1,0 +1,141 @@
+"""LoRA adapters through the real CLI on the fake test engine (plumbing: identity per request, the adapter-mix
+factor on a planted case, reports, bad input). What vLLM does with adapters is tested on vLLM in
+tests/e2e/test_e2e_adapters.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import database_url, db_query, read_json, write_suite
+
+LINES = [{"id": f"q{i}", "prompt": f"Question {i}: what follows the number {i}?"} for i in range(3)]
+
+
+def adapter_dir(path, rank: int = 8, body: bytes = b"weights") -> str:
+    """A LoRA adapter directory as far as evalgate reads one (the fake engine hashes its files)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": rank, "target_modules": ["q_proj"]}))
+    (path / "adapter_model.safetensors").write_bytes(body)
+    return str(path)
+
+
+def adapters_suite(tmp_path, fake_model, *, lines=LINES, adapters: str = "", run_under='["base", "support", "legal"]',
+                   extra_engine: str = "", **kwargs):
+    ws = tmp_path / "ws"
+    adapter_dir(ws / "support", body=b"support-1")
+    adapter_dir(ws / "legal", body=b"legal-1")
+    suite = write_suite(ws, fake_model, lines, max_tokens=6, kind="fake", extra_engine=extra_engine,
+                        **{"concurrency": (1,), "shuffles": 0, "hot_pass": False, **kwargs})
+    text = suite.read_text().replace('file = "prompts.jsonl"', f'file = "prompts.jsonl"\nadapters = {run_under}')
+    suite.write_text(text + (adapters or '\n[adapters]\nsupport = "support"\nlegal = { path = "legal" }\n'))
+    return suite
+
+
+def test_an_edited_adapter_explains_its_own_requests_and_no_other(inline_cli, tmp_path, fake_model):
+    suite = adapters_suite(tmp_path, fake_model)
+    inline_cli("baseline", "create", suite, "--json-report", tmp_path / "b.json", check=0)
+    base = read_json(tmp_path / "b.json")
+    assert base["counts"]["stable"] == 9  # three lines under base, support and legal: q0, q0@support, q0@legal, ...
+    inline_cli("check", suite, check=0)
+
+    (tmp_path / "ws" / "legal" / "adapter_model.safetensors").write_bytes(b"legal-2")
+    proc = inline_cli("check", suite, "--json-report", tmp_path / "c.json", check=0)
+    report = read_json(tmp_path / "c.json")
+    changed = {r["key"]: r for r in report["requests"] if r["verdict"] != "stable"}
+    assert set(changed) == {"q0@legal", "q1@legal", "q2@legal"}
+    assert all(r["verdict"] == "explained_change" and r["components"] == ["adapter"] and r["adapter"] == "legal"
+               for r in changed.values())
+    assert report["changed_components"] == []  # the stack is unchanged: the adapter explains its requests only
+    assert report["fingerprint_changes"]["adapter"] == "legal: files changed: adapter_model.safetensors"
+    assert "q0@legal: explained_change [adapter legal]" in proc.stdout
+
+    # the prompt text of one line and the adapter both moving: both named, for that request only
+    lines = [dict(LINES[0], prompt="Another question"), *LINES[1:]]
+    (tmp_path / "ws" / "prompts.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (tmp_path / "ws" / "legal" / "adapter_model.safetensors").write_bytes(b"legal-3")
+    inline_cli("check", suite, "--json-report", tmp_path / "d.json", check=0)
+    # (`code` too, for every request: the test suite declares its prompts file as code)
+    components = {r["key"]: [c for c in r["components"] if c != "code"] for r in read_json(tmp_path / "d.json")["requests"]}
+    assert components["q0"] == ["suite"] and components["q0@support"] == ["suite"]
+    assert components["q0@legal"] == ["suite", "adapter"] and components["q1@legal"] == ["adapter"]
+    assert "q1@support" not in components and "q1" not in components  # stable
+
+
+def test_a_line_names_its_adapter_and_a_renamed_copy_of_the_files_is_the_same_adapter(inline_cli, tmp_path, fake_model):
+    lines = [*LINES, {"id": "only-support", "prompt": "Refund policy?", "adapter": "support"}]
+    suite = adapters_suite(tmp_path, fake_model, lines=lines, run_under='["legal"]')
+    inline_cli("baseline", "create", suite, "--json-report", tmp_path / "b.json", check=0)
+    assert read_json(tmp_path / "b.json")["counts"]["stable"] == 4
+    db_keys = {k for k, in db_query(database_url(suite), "select key from requests where run_id = 1")}
+    assert db_keys == {"q0@legal", "q1@legal", "q2@legal", "only-support"}
+    # the same files under a new name and directory: the requests' identity is their adapter's content
+    adapter_dir(tmp_path / "ws" / "support-v2", body=b"support-1")
+    text = suite.read_text().replace('support = "support"', 'support = "support-v2"')
+    suite.write_text(text)
+    report = inline_cli("check", suite, "--json-report", tmp_path / "c.json", check=0)
+    assert read_json(tmp_path / "c.json")["counts"]["stable"] == 4, report.stdout
+
+
+def test_the_adapter_mix_factor_finds_exactly_the_planted_requests_and_its_remedy_removes_it(inline_cli, tmp_path,
+                                                                                              fake_model):
+    planted = ["q1@support", "q2"]
+    suite = adapters_suite(tmp_path, fake_model, extra_engine=f"fake_vary_with_adapter_mix = {json.dumps(planted)}",
+                           extra_schedule='probes = ["adapter_mix"]')
+    proc = inline_cli("baseline", "create", suite, "--json-report", tmp_path / "r.json", check=1)
+    report = read_json(tmp_path / "r.json")
+    varying = {r["key"]: r for r in report["requests"] if r["verdict"] == "batch_variance"}
+    assert set(varying) == set(planted)
+    assert {r["factor"] for r in varying.values()} == {"adapter_mix"}
+    assert varying["q1@support"]["adapter"] == "support" and varying["q2"].get("adapter") is None
+    factors = {f["comparison"]: f["differing"] for f in report["factors"]}
+    assert factors == {"neighbours: alone→among 3 under its own adapter (adapter_mix probe's control)": 0,
+                       "adapter mix: 3 neighbours under its own adapter→under other adapters (adapter_mix)": 2}
+    out = " ".join(proc.stdout.split())
+    assert "engine.max_num_seqs = 1" in out and "q1@support: batch_variance [adapter support]" in out
+    # the remedy, applied: one sequence at a time
+    suite.write_text(suite.read_text().replace("seed = 0", "seed = 0\nmax_num_seqs = 1"))
+    inline_cli("baseline", "create", suite, check=0)
+
+
+def test_a_suite_without_adapters_says_why_the_probe_did_not_run(inline_cli, tmp_path, fake_model):
+    suite = write_suite(tmp_path / "ws", fake_model, ["one", "two"], kind="fake", concurrency=(1,), shuffles=0,
+                        extra_schedule='probes = ["adapter_mix"]')
+    proc = inline_cli("baseline", "create", suite, check=0)
+    assert "not run: probe adapter_mix: the suite has no [adapters]" in " ".join(proc.stdout.split())
+
+
+@pytest.mark.parametrize("case, field, words", [
+    ("unknown line adapter", "prompts.jsonl:2: field `adapter`", "'legl', not an adapter of the suite"),
+    ("unknown run_under", "`prompts.adapters`", "'tax' is not an adapter of the suite"),
+    ("not an adapter", "`adapters.legal`", "is not a LoRA adapter (no adapter_config.json)"),
+    ("no weights", "`adapters.legal`", "has no adapter weights"),
+    ("rank above max_lora_rank", "`engine.max_lora_rank`", "is 8, below the rank 16 of adapter 'legal'"),
+    ("bad name", "`adapters.base`", "'base' cannot name an adapter"),
+    ("unknown lm_eval adapter", "`lm_eval.adapter`", "'nobody', not an adapter of the suite"),
+])
+def test_bad_adapter_input_is_exit_2_naming_the_field_and_writes_nothing(inline_cli, tmp_path, fake_model, case, field,
+                                                                          words):
+    lines = LINES
+    if case == "unknown line adapter":
+        lines = [LINES[0], {"id": "x", "prompt": "y", "adapter": "legl"}]
+    suite = adapters_suite(tmp_path, fake_model, lines=lines,
+                           run_under='["base", "tax"]' if case == "unknown run_under" else '["base"]')
+    ws = tmp_path / "ws"
+    text = suite.read_text()
+    if case == "not an adapter":
+        (ws / "legal" / "adapter_config.json").unlink()
+    elif case == "no weights":
+        (ws / "legal" / "adapter_model.safetensors").unlink()
+    elif case == "rank above max_lora_rank":
+        adapter_dir(ws / "legal", rank=16)
+        text = text.replace("seed = 0", "seed = 0\nmax_lora_rank = 8")
+    elif case == "bad name":
+        text = text.replace("legal = { path", "base = { path")
+    elif case == "unknown lm_eval adapter":
+        text += '\n[lm_eval]\ntasks = ["demo"]\nadapter = "nobody"\n'
+    suite.write_text(text)
+    proc = inline_cli("baseline", "create", suite, check=2)
+    err = " ".join(proc.stderr.split())
+    assert field in err and words in err, err
+    assert not (ws / "evalgate.sqlite").exists()
