@@ -82,8 +82,9 @@ def test_every_probe_runs_or_says_why_not(inline_cli, tmp_path, fake_model):
                            "prefix cache cold→half the prompt cached (prefix_cache probe)",
                            "prefill vs decode: the output re-scored by one prefill"]
     assert all(f["differing"] == 0 for f in report["factors"])  # the fake is invariant under all of them
-    assert [n["pass"] for n in report["not_run"]] == ["probe chunked_prefill", "probe preemption"]
-    assert all("only the in-process `vllm` kind starts one" in n["reason"] for n in report["not_run"])
+    assert [n["pass"] for n in report["not_run"]] == ["probe adapter_mix", "probe chunked_prefill", "probe preemption"]
+    assert "the suite has no [adapters]" in report["not_run"][0]["reason"]
+    assert all("only the in-process `vllm` kind starts one" in n["reason"] for n in report["not_run"][1:])
     db = database_url(suite)
     # companions (fillers, warmers) are never stored: every pass holds the suite's 6 requests, once each (and
     # so does the baseline's rescoring of its own tokens, pass -1)

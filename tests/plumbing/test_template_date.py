@@ -144,7 +144,7 @@ def test_a_rendering_change_with_every_component_equal_is_explained_by_prompt(in
     # regression is only declared with the rendered prompts equal, and the report says they are
     monkeypatch.setattr(FakeEngine, "encode", real)
     real_row = FakeEngine._row  # another output at every position: what a kernel that changed unnamed does
-    monkeypatch.setattr(FakeEngine, "_row", lambda self, ids, i, k, **kw: real_row(self, ids, i + 1, k, **kw))
+    monkeypatch.setattr(FakeEngine, "_row", lambda self, weights, ids, i, k, **kw: real_row(self, weights, ids, i + 1, k, **kw))
     regressed = inline_cli("check", suite, "--json-report", tmp_path / "s.json", check=1)
     report = read_json(tmp_path / "s.json")
     assert report["counts"]["silent_regression"] == 2 and report["prompts"] == {"compared": 2, "equal": 2}
