@@ -39,11 +39,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..configuration.adapters import BASE_MODEL
 from ..configuration.prompts import Prompt
 from ..configuration.schedule import passes_of
 from ..errors import ConfigError
+from ..judgement.adapters import request_adapters
 from ..judgement.compare import Divergence, first_divergence, within_run
 from ..judgement.factors import is_batch_factor, remedies, words
+from ..probes.adapter_mix import CONTROL as MIX_CONTROL
+from ..probes.adapter_mix import AdapterMix, mix_neighbours
 from ..records import Completion
 from ..store import Store
 from .ddmin import BudgetExhausted, ddmin, naive_trials
@@ -51,6 +55,8 @@ from .repro import ReproBatch, check_request, criterion_of, prompt_of, wave_of, 
 from .search import SearchSetup, TrialEngine, Verification, follow_trials
 from .session import Bisection, Bounds, TrialCallback, TrialOutcome
 from .trials import RunConfig, same, suite_of
+
+ADAPTER_MIX = AdapterMix.name
 
 
 @dataclass
@@ -150,11 +156,13 @@ def _tokens(c: Completion, limit: int = 12) -> str:
     return f"[{ids}] {c.text[:80]!r}"
 
 
-def flipping_wave(record, run_id: int, key: str) -> tuple[Completion, Completion, list[str], list[str], list[str]]:
+def flipping_wave(record, run_id: int, key: str, prompts: dict[str, Prompt],
+                  adapters: list[str]) -> tuple[Completion, Completion, list[str], list[str], list[str], dict[str, Prompt]]:
     """What the batch bisector takes apart: the request's reference output (its first pass, alone), the
     crowded output that differs from it, that wave's order (the request and its rebuildable neighbours),
-    the neighbours, and the lm-eval scoring neighbours left out. A ConfigError, naming the fix, where the
-    request's variance is not about who shared its batch."""
+    the neighbours, the lm-eval scoring neighbours left out, and the neighbours rebuilt rather than stored (the
+    adapter_mix probe's, from `prompts`, the run's requests, and the suite's `adapters`). A ConfigError, naming
+    the fix, where the request's variance is not about who shared its batch."""
     check_request(record, key)
     completions = record.outputs[key]
     passes = passes_of(record.run.schedule)
@@ -163,9 +171,10 @@ def flipping_wave(record, run_id: int, key: str) -> tuple[Completion, Completion
         raise ConfigError(f"request {key!r} shows no batch variance in run {run_id}: its {len(completions)} pass(es) agree",
                           fix="pick a request whose verdict is batch_variance (`evalgate runs show "
                               f"{run_id}`), or use `evalgate repro` for a change against the baseline")
-    # A probe's neighbours (needle fillers) are not stored, so only the schedule's own passes can be bisected.
-    batch_differences = [d for d in disagreement.differences
-                         if (is_batch_factor(d.factor) or d.factor is None) and not d.other.probe]
+    # A probe's neighbours (needle fillers) are not stored, so only the schedule's own passes can be bisected,
+    # and the adapter_mix probe's, whose neighbours are the run's own requests under other adapters (rebuilt).
+    batch_differences = [d for d in disagreement.differences if (is_batch_factor(d.factor) or d.factor is None)
+                         and d.other.probe in (None, ADAPTER_MIX)]
     if not batch_differences and any(d.other.probe for d in disagreement.differences):
         probes = ", ".join(sorted({d.other.probe for d in disagreement.differences if d.other.probe}))
         raise ConfigError(f"request {key!r} of run {run_id} varies only in probe passes ({probes}), whose companion "
@@ -178,8 +187,12 @@ def flipping_wave(record, run_id: int, key: str) -> tuple[Completion, Completion
                           fix=remedies(disagreement.factors))
     by_pass = {c.pass_index: c for c in completions}
     reference = completions[0]  # the first pass: alone at the first concurrency level, cold
-    flipping = [by_pass[d.other.index] for d in batch_differences if len(wave_of(record, key, d.other.index)) > 1
-                and first_divergence(reference, by_pass[d.other.index]) is not None]
+    flipping = [by_pass[d.other.index] for d in batch_differences if not d.other.probe
+                and len(wave_of(record, key, d.other.index)) > 1 and first_divergence(reference, by_pass[d.other.index])]
+    mixed = [d.other for d in batch_differences if d.other.probe == ADAPTER_MIX
+             and first_divergence(reference, by_pass[d.other.index]) is not None]
+    if not flipping and mixed:
+        return (reference, by_pass[mixed[0].index], *_mixed_wave(key, prompts, mixed[0], adapters))
     if not flipping:
         raise ConfigError(f"request {key!r} of run {run_id} differs only between passes in which it ran alone: that is "
                           "not batch composition", fix="use `evalgate repro` to reproduce it")
@@ -191,7 +204,17 @@ def flipping_wave(record, run_id: int, key: str) -> tuple[Completion, Completion
         raise ConfigError(f"request {key!r} of run {run_id}: its crowded wave holds only lm-eval scoring requests, "
                           "which cannot be rebuilt from the store", fix="bisect a run of generation requests")
     order = [c.key for c in wave if c.key not in skipped]  # target + neighbours, recorded submission order
-    return reference, other, order, neighbours, skipped
+    return reference, other, order, neighbours, skipped, {}
+
+
+def _mixed_wave(key: str, prompts: dict[str, Prompt], pass_, adapters: list[str]):
+    """The adapter_mix probe's wave of `key` in `pass_`, rebuilt as the probe built it: its neighbours the
+    run's next requests under other adapters, each named `neighbour i: <request> [adapter <name>]`."""
+    found = mix_neighbours(prompts[key], list(prompts), prompts, pass_.concurrency - 1, adapters,
+                           mixed=pass_.variant != MIX_CONTROL)
+    rebuilt = {f"neighbour {i + 1}: {p.key} [adapter {p.adapter or BASE_MODEL}]": p for i, p in enumerate(found)}
+    rebuilt = {name: replace(p, key=name) for name, p in rebuilt.items()}
+    return [key, *rebuilt], list(rebuilt), [], rebuilt
 
 
 def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro_dir: Path | None = None,
@@ -204,13 +227,18 @@ def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro
         raise ConfigError(f"{repro_dir} exists and is not an empty directory",
                           fix="name a new directory for --repro (or remove the old one)")
     record = store.load(run_id)
-    reference, other, order, neighbours, skipped = flipping_wave(record, run_id, key)
-    divergence = first_divergence(reference, other)
-    criterion = criterion_of(divergence) if on == "auto" else on
-    source = f"pass {other.pass_index} (concurrency {other.concurrency}), wave {other.wave}"
+    check_request(record, key)
     config = RunConfig.of(record)
     suite = suite_of(record, config)
-    prompts = {k: prompt_of(record.requests[k]) for k in order}
+    under = request_adapters(record.fingerprint)  # each request under its own adapter, as it ran
+    stored = {k: replace(prompt_of(record.requests[k]), adapter=under.get(k)) for k in record.requests}
+    reference, other, order, neighbours, skipped, rebuilt = flipping_wave(record, run_id, key, stored,
+                                                                         sorted(suite.adapters))
+    divergence = first_divergence(reference, other)
+    criterion = criterion_of(divergence) if on == "auto" else on
+    source = f"pass {other.pass_index} (concurrency {other.concurrency}), wave {other.wave}" + (
+        " (the adapter_mix probe's, its neighbours rebuilt)" if rebuilt else "")
+    prompts = {k: rebuilt.get(k) or stored[k] for k in order}
     subject = {"run": run_id, "key": key, "on": criterion, "source": source, "neighbours": neighbours}
     bisection = Bisection(store, "batch", record.run.suite_name, subject, bounds=bounds, on_trial=on_trial)
     bounds = bisection.bounds
@@ -250,7 +278,10 @@ def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro
                     result.reason = verify.reason
         result.trials = bisection.steps
         result.seconds = time.monotonic() - started
-        if repro_dir is not None and result.status == "found":
+        if repro_dir is not None and rebuilt:
+            result.repro_lines = [f"no repro pack written to {repro_dir}: a pack replays stored requests, and the "
+                                  "adapter_mix probe's neighbours are rebuilt (the minimal set above names them)"]
+        elif repro_dir is not None and result.status == "found":
             batch = [k for k in order if k == key or k in result.minimal]
             pack = write_repro(store, run_id, key, Path(repro_dir), criterion=criterion, kind="bisect", batches=[
                 ReproBatch("alone", [key], result.alone, f"bisect {bisection.session_id}: alone"),

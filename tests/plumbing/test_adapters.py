@@ -139,3 +139,18 @@ def test_bad_adapter_input_is_exit_2_naming_the_field_and_writes_nothing(inline_
     err = " ".join(proc.stderr.split())
     assert field in err and words in err, err
     assert not (ws / "evalgate.sqlite").exists()
+
+
+def test_bisect_batch_finds_the_neighbouring_adapter_that_flips_a_request(inline_cli, tmp_path, fake_model):
+    """The adapter_mix probe's neighbours are not stored: the bisector rebuilds its wave as the probe built it
+    and takes it apart down to one neighbour under another adapter."""
+    suite = adapters_suite(tmp_path, fake_model, extra_engine='fake_vary_with_adapter_mix = ["q1@support"]',
+                           extra_schedule='probes = ["adapter_mix"]')
+    inline_cli("baseline", "create", suite, check=1)
+    proc = inline_cli("bisect", "batch", "1", "q1@support", "--suite", suite, check=0)
+    out = " ".join(proc.stdout.split())
+    assert "the adapter_mix probe's, its neighbours rebuilt" in out
+    # the mixed wave: the next requests in suite order (q1@legal, q2, q2@support) under the base model, legal, base;
+    # one neighbour under another adapter is enough
+    assert "minimal neighbour set: 1-minimal" in out and "the flip reproduces" in out
+    assert "with {neighbour 1: q1@legal [adapter base]}" in out, out
