@@ -382,7 +382,9 @@ def build_fingerprint(suite, engine) -> dict[str, dict]:
         "tokenizer": own.get("tokenizer") or tokenizer_component(suite.tokenizer or suite.model),
         "engine": component({**engine.identity(), "renderers": renderer_versions()}),
         "code": code_component(suite.code_paths, suite.root),
-        "suite": component(suite.identity()),
+        # where each adapter's files were (info only: their content is the identity), for repro packs
+        "suite": component(suite.identity(), {"adapters": {n: str(a.path) for n, a in sorted(suite.adapters.items())}}
+                           if suite.adapters else None),
         # the date the chat templates were rendered with, when one read it (configuration/template_date.py)
         "prompt": component(engine.template_clock.identity()),
         "hardware": hardware_component(),

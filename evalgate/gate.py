@@ -119,8 +119,7 @@ def merge(suite: Suite, group: str, *, kind: str = "check", store: Store | str |
     reports = []
     for members in classes.values():
         fingerprint = dict(members[0].fingerprint)
-        fingerprint["suite"] = component({"requests": {k: r.request_hash for rec in members
-                                                       for k, r in rec.requests.items()}})
+        fingerprint["suite"] = merged_suite_component(members)
         merged_id = store.merge_runs([rec.run for rec in members], fingerprint)
         baseline_run_id = (find_baseline(suite, store, url, here=fingerprint["hardware"]).run_id if kind == "check"
                            else None)
@@ -153,3 +152,15 @@ def _complete_shards(store: Store, suite: Suite, group: str, kind: str) -> list[
                 f"incomplete shards {', '.join(incomplete)}" if incomplete else ""])),
             fix="re-run the failed or missing shard jobs, then merge again")
     return [latest[f"{i}/{count}"] for i in range(1, count + 1)]
+
+
+def merged_suite_component(members) -> dict:
+    """The `suite` component of shards merged into one run: every shard's request hashes, and its adapters'
+    section (which adapter each request ran under, their files), so the merge is judged as the shards were."""
+    data: dict = {"requests": {k: r.request_hash for rec in members for k, r in rec.requests.items()}}
+    sections = [((rec.fingerprint.get("suite") or {}).get("data") or {}).get("adapters") for rec in members]
+    sections = [s for s in sections if s]
+    if sections:
+        data["adapters"] = {part: {k: v for s in sections for k, v in s[part].items()} for part in ("files", "requests")}
+    info = (members[0].fingerprint.get("suite") or {}).get("info")
+    return component(data, info)

@@ -34,6 +34,7 @@ from ..configuration.schedule import passes_of
 from ..errors import ConfigError
 from ..fingerprint import ENV_IGNORED, ENV_PREFIXES, REDACTED
 from ..fingerprint import delta as fingerprint_delta
+from ..judgement.adapters import request_adapters
 from ..judgement.compare import Divergence, first_divergence, within_run
 from ..judgement.factors import is_batch_factor, words
 from ..records import Completion, unpack_ids
@@ -198,7 +199,9 @@ def engine_doc(record: RunRecord) -> dict:
 
         suite = suite_of(record)
         model, tokenizer = str(suite.model), str(suite.tokenizer or suite.model)
-    return {"model": model, "tokenizer": tokenizer, "engine_args": args,
+    # each LoRA adapter the run's requests used: where its files were (the pack loads them from there)
+    adapters = (record.fingerprint.get("suite", {}).get("info") or {}).get("adapters") or {}
+    return {"model": model, "tokenizer": tokenizer, "engine_args": args, **({"adapters": adapters} if adapters else {}),
             "recorded": {k: engine.get(k) for k in ("kind", "vllm", "torch", "platform", "dtype", "enforce_eager",
                                                    "prefix_caching", "chunked_prefill", "max_num_seqs",
                                                    "torch_threads", "batch_invariance") if k in engine}}
@@ -244,6 +247,7 @@ def write_repro(store: Store, run_id: int, key: str, out_dir: Path, *, batches: 
 
     # requests.json: one entry per distinct request (a key whose text differs between the runs gets its own id)
     requests: dict[str, dict] = {}
+    adapters = request_adapters(record.fingerprint)  # the LoRA adapter each request ran under
     batch_docs = []
     for b in batches:
         ids = []
@@ -254,7 +258,8 @@ def write_repro(store: Store, run_id: int, key: str, out_dir: Path, *, batches: 
                 rid = f"{k}@run{b.record.id}"
             requests.setdefault(rid, {"id": rid, "key": k, "run": b.record.id, "request_hash": req.request_hash,
                                       "prompt": req.prompt, "prompt_token_ids": unpack_ids(req.prompt_ids),
-                                      "sampling": dict(req.sampling)})
+                                      "sampling": dict(req.sampling),
+                                      **({"adapter": adapters[k]} if k in adapters else {})})
             ids.append(rid)
         batch_docs.append({"label": b.label, "source": b.source, "requests": ids, "target_index": b.keys.index(key),
                            "expected": output_doc(b.expected)})

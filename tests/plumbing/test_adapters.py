@@ -49,6 +49,12 @@ def test_an_edited_adapter_explains_its_own_requests_and_no_other(inline_cli, tm
     assert report["changed_components"] == []  # the stack is unchanged: the adapter explains its requests only
     assert report["fingerprint_changes"]["adapter"] == "legal: files changed: adapter_model.safetensors"
     assert "q0@legal: explained_change [adapter legal]" in proc.stdout
+    # a repro pack runs each request under its adapter: which one, and where its files are
+    inline_cli("repro", "3", "q0@legal", "-o", tmp_path / "pack", "--suite", suite, check=0)
+    [request] = read_json(tmp_path / "pack" / "requests.json")["requests"]
+    assert request["adapter"] == "legal"
+    assert read_json(tmp_path / "pack" / "engine.json")["adapters"] == {
+        "legal": str(tmp_path / "ws" / "legal"), "support": str(tmp_path / "ws" / "support")}
 
     # the prompt text of one line and the adapter both moving: both named, for that request only
     lines = [dict(LINES[0], prompt="Another question"), *LINES[1:]]

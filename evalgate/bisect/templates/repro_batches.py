@@ -79,6 +79,11 @@ def main():
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model, tokenizer=tokenizer, **engine["engine_args"])
+    loras = {}
+    if engine.get("adapters"):  # LoRA adapters by name, ids by name order (as evalgate submits them)
+        from vllm.lora.request import LoRARequest
+
+        loras = {name: LoRARequest(name, n, path) for n, (name, path) in enumerate(sorted(engine["adapters"].items()), 1)}
     decode = llm.get_tokenizer().decode
     target = plan["target"]
     criterion = plan["criterion"]
@@ -89,7 +94,8 @@ def main():
         members = [requests[rid] for rid in batch["requests"]]
         inputs = [{"prompt_token_ids": list(r["prompt_token_ids"])} for r in members]
         params = [SamplingParams(**r["sampling"]) for r in members]
-        outputs = llm.generate(inputs, params, use_tqdm=False)
+        lora = {"lora_request": [loras.get(r.get("adapter")) for r in members]} if loras else {}
+        outputs = llm.generate(inputs, params, use_tqdm=False, **lora)
         out = outputs[batch["target_index"]].outputs[0]
         ids = list(out.token_ids)
         logprobs = [float(position[t].logprob) for t, position in zip(ids, out.logprobs or [])]
