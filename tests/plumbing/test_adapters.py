@@ -160,3 +160,16 @@ def test_bisect_batch_finds_the_neighbouring_adapter_that_flips_a_request(inline
     # one neighbour under another adapter is enough
     assert "minimal neighbour set: 1-minimal" in out and "the flip reproduces" in out
     assert "with {neighbour 1: q1@legal [adapter base]}" in out, out
+
+
+def test_shards_merged_judge_an_edited_adapter_as_the_whole_run_does(inline_cli, tmp_path, fake_model):
+    suite = adapters_suite(tmp_path, fake_model)
+    for i in (1, 2):
+        inline_cli("baseline", "create", suite, "--shard", f"{i}/2", "--group", "b", check=0)
+    inline_cli("baseline", "create", suite, "--merge", "--group", "b", check=0)
+    (tmp_path / "ws" / "support" / "adapter_model.safetensors").write_bytes(b"support-2")
+    for i in (1, 2):
+        inline_cli("check", suite, "--shard", f"{i}/2", "--group", "c", check=0)
+    inline_cli("check", suite, "--merge", "--group", "c", "--json-report", tmp_path / "m.json", check=0)
+    changed = {r["key"]: (r["components"], r.get("adapter")) for r in read_json(tmp_path / "m.json")["requests"]}
+    assert changed == {f"q{i}@support": (["adapter"], "support") for i in range(3)}
