@@ -212,8 +212,8 @@ def _mixed_wave(key: str, prompts: dict[str, Prompt], pass_, adapters: list[str]
     run's next requests under other adapters, each named `neighbour i: <request> [adapter <name>]`."""
     found = mix_neighbours(prompts[key], list(prompts), prompts, pass_.concurrency - 1, adapters,
                            mixed=pass_.variant != MIX_CONTROL)
-    rebuilt = {f"neighbour {i + 1}: {p.key} [adapter {p.adapter or BASE_MODEL}]": p for i, p in enumerate(found)}
-    rebuilt = {name: replace(p, key=name) for name, p in rebuilt.items()}
+    named = [replace(p, key=f"neighbour {i + 1}: {p.key} [adapter {p.adapter or BASE_MODEL}]") for i, p in enumerate(found)]
+    rebuilt = {p.key: p for p in named}
     return [key, *rebuilt], list(rebuilt), [], rebuilt
 
 

@@ -52,21 +52,23 @@ def parse_adapters(table: dict, root: Path, where: str, section: str) -> dict[st
         if name == BASE_MODEL or not ADAPTER_NAME.match(name):
             raise fail(where, f"`{field}`: {name!r} cannot name an adapter",
                        f"use letters, digits, `.`, `_` and `-` (at most 64), not {BASE_MODEL!r} (the base model's name)")
-        if isinstance(value, str):
-            path_value, revision = value, None
-        elif isinstance(value, dict):
-            unknown = set(value) - ADAPTER_KEYS
-            if unknown or "path" not in value:
-                raise fail(where, f"`{field}` must have `path` (and optionally `revision`), got {sorted(value)}",
-                           f'e.g. {name} = {{ path = "org/{name}-lora", revision = "<commit, tag or branch>" }}')
-            path_value = typed(value, "path", str, where, f"{field}.")
-            revision = typed(value, "revision", str, where, f"{field}.")
-        else:
-            raise fail(where, f"`{field}` must be a path or a table, got {short(value)}",
-                       f'e.g. {name} = "adapters/{name}" (a PEFT directory) or {name} = "org/{name}-lora"')
+        path_value, revision = adapter_source(name, value, where, field)
         path = local_or_hub(path_value, revision, root, where, field, f"{field}.revision")
         adapters[name] = read_adapter(name, path, where, field)
     return adapters
+
+
+def adapter_source(name: str, value, where: str, field: str) -> tuple[str, str | None]:
+    """An `[adapters]` entry as written: (the path or Hub id, the revision or None)."""
+    if isinstance(value, str):
+        return value, None
+    if not isinstance(value, dict):
+        raise fail(where, f"`{field}` must be a path or a table, got {short(value)}",
+                   f'e.g. {name} = "adapters/{name}" (a PEFT directory) or {name} = "org/{name}-lora"')
+    if set(value) - ADAPTER_KEYS or "path" not in value:
+        raise fail(where, f"`{field}` must have `path` (and optionally `revision`), got {sorted(value)}",
+                   f'e.g. {name} = {{ path = "org/{name}-lora", revision = "<commit, tag or branch>" }}')
+    return typed(value, "path", str, where, f"{field}."), typed(value, "revision", str, where, f"{field}.")
 
 
 def adapter_choices(names) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..hashing import digest
 from ..registry import ENGINES, PROBE_PRESETS, PROBES
-from .adapters import BASE_MODEL, Adapter, adapter_choices, lora_settings, parse_adapters
+from .adapters import BASE_MODEL, Adapter, adapter_choices, adapter_source, lora_settings, parse_adapters
 from .config import (
     COMMON_KEYS,
     DEFAULT_DATABASE,
@@ -123,7 +123,10 @@ class Suite:
     def request_hash(self, prompt: Prompt) -> str:
         """Identity of one request: its text and effective sampling parameters (not its key), and the files
         of the adapter it runs under (**contract**: a request without an adapter hashes as it always has)."""
-        own = self.own_hash(prompt)
+        return self._adapted(self.own_hash(prompt), prompt)
+
+    def _adapted(self, own: str, prompt: Prompt) -> str:
+        """A request's hash from its own hash: with its adapter's files when it runs under one."""
         if prompt.adapter is None:
             return own
         return digest({"request": own, "adapter": self.adapters[prompt.adapter].digest})
@@ -141,20 +144,16 @@ class Suite:
         tasks' configuration and document digests when the suite has tasks, and the adapters when requests
         run under one: each adapter's files, and per request its adapter and its own hash (so a judgement
         can tell an edited adapter from an edited prompt: judgement/verdict.py)."""
-        identity: dict[str, Any] = {"requests": {p.key: self.request_hash(p) for p in self.prompts}}
+        own = {p.key: self.own_hash(p) for p in self.prompts}  # each request hashed once
+        identity: dict[str, Any] = {"requests": {p.key: self._adapted(own[p.key], p) for p in self.prompts}}
         if self.task_identity:
             identity["tasks"] = self.task_identity
         adapted = [p for p in self.prompts if p.adapter is not None]
         if adapted:
             identity["adapters"] = {
                 "files": {name: self.adapters[name].files for name in sorted({p.adapter for p in adapted})},
-                "requests": {p.key: {"adapter": p.adapter, "own": self.own_hash(p)} for p in adapted}}
+                "requests": {p.key: {"adapter": p.adapter, "own": own[p.key]} for p in adapted}}
         return identity
-
-    def adapter_of(self, key: str) -> Adapter | None:
-        """The adapter request `key` runs under (None: the base model)."""
-        name = next((p.adapter for p in self.prompts if p.key == key), None)
-        return self.adapters.get(name) if name else None
 
     @property
     def locations(self) -> dict[str, str]:
@@ -470,11 +469,12 @@ def hub_wants(path: str | Path) -> HubWants:
             revision = typed(engine, revision_key, str, where, sec, default="main")
             repos.append((f"{sec}{key}", value, revision))
     adapters = data.get("adapters", {})
-    for name, value in (adapters.items() if isinstance(adapters, dict) else ()):
-        value = {"path": value} if isinstance(value, str) else value
-        if isinstance(value, dict) and isinstance(value.get("path"), str) and is_hub_id(value["path"], root):
-            revision = value.get("revision") if isinstance(value.get("revision"), str) else "main"
-            repos.append((f"{prefix}adapters.{name}", value["path"], revision))
+    if not isinstance(adapters, dict):
+        raise fail(where, f"`{prefix}adapters` must be a table", f"write it as [{prefix}adapters]")
+    for name, value in adapters.items():
+        source, revision = adapter_source(name, value, where, f"{prefix}adapters.{name}")
+        if is_hub_id(source, root):
+            repos.append((f"{prefix}adapters.{name}", source, revision or "main"))
     table = data.get("lm_eval")
-    lm_eval = _lm_eval_config(table, root, where, f"{prefix}lm_eval.") if isinstance(table, dict) else None
+    lm_eval = _lm_eval_config(table, root, where, f"{prefix}lm_eval.", tuple(adapters)) if isinstance(table, dict) else None
     return HubWants(path, tuple(repos), lm_eval)

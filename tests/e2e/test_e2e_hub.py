@@ -181,3 +181,35 @@ def test_init_with_a_hub_id_pins_the_commit_and_writes_a_workflow_that_brings_th
         exe = shutil.which(tool) or str(bin_dir / tool)
         proc = subprocess.run([exe, *args, str(workflow_path)], capture_output=True, text=True)
         assert proc.returncode == 0, f"{tool}: {proc.stdout}{proc.stderr}"
+
+
+def test_an_adapter_named_as_a_hub_id_is_fetched_pinned_and_its_new_commit_explains_its_requests(cli, hub, tmp_path):
+    """`[adapters] support = { path = "org/name", revision = ... }`: pinned in the lock beside the model, read
+    offline from the cache; a new commit of the adapter explains its own requests and no other."""
+    hub.model(REPO).commit(directory_files(bare_model(tmp_path / "weights", seed=4)))
+    adapter = hub.model("acme/support-lora")
+    config = json.dumps({"peft_type": "LORA", "r": 8}).encode()
+    first = adapter.commit({"adapter_config.json": config, "adapter_model.safetensors": b"support-1"})
+    lines = [{"id": "q1", "prompt": "Refund policy?"}, {"id": "q2", "prompt": "Opening hours?", "adapter": "support"}]
+    suite = write_suite(tmp_path / "project", REPO, lines, kind="fake", concurrency=(1,), shuffles=0, hot_pass=False)
+    suite.write_text(suite.read_text() + '\n[adapters]\nsupport = { path = "acme/support-lora", revision = "main" }\n'
+                     '\n[lm_eval]\ntasks = ["evalgate_arith"]\nadapter = "support"\n')
+    from evalgate.configuration.suite import hub_wants
+
+    wants = hub_wants(suite)  # what fetch brings: the model and the adapter ([lm_eval] adapter is read, not refused)
+    assert [repo for _, repo, _ in wants.repos] == [REPO, "acme/support-lora"] and wants.lm_eval.adapter == "support"
+    suite.write_text(suite.read_text().split("\n[lm_eval]")[0])
+    project = tmp_path / "project"
+    online, offline = hub_cli(cli, hub, project), hub_cli(cli, hub, project, **OFFLINE)
+    online("fetch", suite, "--no-progress", check=0)
+    pins = {p["repo"]: p["commit"] for p in tomllib.loads((project / "evalgate.lock").read_text())["repo"]}
+    assert pins["acme/support-lora"] == first
+    offline("baseline", "create", suite, check=0)
+
+    adapter.commit({"adapter_config.json": config, "adapter_model.safetensors": b"support-2"})
+    offline("check", suite, "--json-report", "same.json", check=0)  # the lock, not the branch
+    assert read_json(project / "same.json")["counts"]["stable"] == 2
+    online("fetch", suite, "--no-progress", check=0)
+    offline("check", suite, "--json-report", "moved.json", check=0)
+    changed = {r["key"]: r["components"] for r in read_json(project / "moved.json")["requests"]}
+    assert changed == {"q2": ["adapter"]}
