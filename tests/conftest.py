@@ -37,8 +37,11 @@ def cli_env(evalgate_home) -> dict[str, str]:
 
 
 @pytest.fixture
-def cli(cli_env, tmp_path) -> CLI:
-    """The real CLI in a subprocess, as a user runs it."""
+def cli(cli_env, tmp_path, request) -> CLI:
+    """The real CLI in a subprocess, as a user runs it; on the variance source's environment in a test that uses
+    it (tests/variance.py: the planted source's, where no real one varies here)."""
+    if "variance_source" in request.fixturenames:
+        return CLI({**cli_env, **request.getfixturevalue("variance_source").env}, tmp_path)
     return CLI(cli_env, tmp_path)
 
 
@@ -113,14 +116,21 @@ def db_url(request, store_backend, tmp_path) -> str:
     return new_database(request, store_backend, f"sqlite:///{tmp_path / 'e.sqlite'}")
 
 
+# --- what depends on the machine ---------------------------------------------------------------------------
+
+# The e2e tests whose assertions take their expectations from what this CPU varies in (docs/design.md, "Tests
+# on any CPU"): those on the session's variance survey, and the modules that survey the machine themselves.
+MACHINE_FIXTURES = {"variance_source"}
+MACHINE_MODULES = {"test_demo", "test_e2e_init", "test_e2e_hardware"}
+
+
 # --- order: the longest modules first ----------------------------------------------------------------------
 
-# Measured per-module cost (seconds of one worker, CI machine class), longest first. Two workers that start
+# Measured per-module cost (seconds of one worker; an AMX Xeon, `make test --durations`), longest first. Two workers that start
 # with the long modules finish together; a long module collected last would leave one worker waiting on it.
-LONGEST_FIRST = ("test_e2e_lm_eval", "test_e2e_server", "test_demo", "test_e2e_adapters", "test_smollm2", "test_e2e_cost",
-                 "test_e2e_gate",
-                 "test_e2e_init", "test_e2e_schedulers", "test_e2e_hub",
-                 "test_e2e_bisect_config", "test_e2e_traffic", "test_e2e_bisect_batch", "test_e2e_bisect_commits",
+LONGEST_FIRST = ("test_e2e_bisect_config", "test_e2e_adapters", "test_e2e_hardware", "test_e2e_lm_eval", "test_e2e_server",
+                 "test_smollm2", "test_e2e_cost", "test_e2e_traffic", "test_demo", "test_e2e_gate", "test_e2e_init",
+                 "test_e2e_bisect_commits", "test_e2e_bisect_batch", "test_e2e_schedulers", "test_e2e_hub",
                  "test_e2e_unicode_secrets", "test_e2e_faults")
 
 
@@ -130,3 +140,5 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: a module's own order is kept
     for item in items:  # the tier is the directory: `-m "not e2e"` is the fast tier
         item.add_marker(item.path.parent.name)
+        if item.path.stem in MACHINE_MODULES or MACHINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker("machine")  # `make test-isa` reruns these under another instruction-set class

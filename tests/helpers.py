@@ -32,6 +32,17 @@ TEST_ENV = {
 }
 
 
+# A batch effect planted in real vLLM (tests/planted/evalgate_planted_variance.py: a vLLM plugin, every process
+# of the engine loads it): for tests that need batch variance on any CPU, whatever its kernels vary in.
+PLANTED = Path(__file__).with_name("planted")
+
+
+def planted_batch_variance(env: dict[str, str]) -> dict[str, str]:
+    """What `env` needs for the planted batch effect: the plugin's folder ahead of its PYTHONPATH, switched on."""
+    path = os.pathsep.join(p for p in (str(PLANTED), env.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "EVALGATE_TEST_PLANT_BATCH_VARIANCE": "1"}
+
+
 class CLI:
     def __init__(self, env: dict[str, str], cwd: Path, prefix: tuple[str, ...] = ()):
         self.env, self.cwd = env, cwd
@@ -270,6 +281,16 @@ def variance_prompts(n: int = 48) -> list[str]:
 
 GREEN_PROMPTS = [f"Prompt number {i}: the quick brown fox and the {w}" for i, w in
                  enumerate(["dog", "cat", "river", "city", "answer", "model", "colour", "number"] * 3)]
+
+
+def gate_keys(report: dict, verdict: str = "batch_variance") -> dict[str, set[str]]:
+    """Factor -> the requests a report finds varying under it (every factor a request varies under)."""
+    found: dict[str, set[str]] = {}
+    for r in report["requests"]:
+        if r["verdict"] == verdict:
+            for factor in r["passes"]["factors"]:
+                found.setdefault(factor, set()).add(r["key"])
+    return found
 
 
 def assert_sqlite_beside_suite(store_backend: str, suite, db: str) -> None:

@@ -14,14 +14,17 @@ A condition with `"rescore": {key: [token ids]}` (or the name of an earlier cond
 generation: each request's prompt ids followed by those tokens, alone, one prefill (`prompt_logprobs`), as a
 rescoring does (teacher forcing).
 
-A condition with `"neighbours": {"prompt_token_ids": [[...], ...], "leave": [steps, ...], "abort": bool,
-"max_tokens": n}` runs each request alone among those neighbours, stepped by hand (`LLMEngine.add_request`,
-`step`, `abort_request`): they arrive with it (added first), and neighbour i leaves after `leave[i]` steps:
-aborted there (`abort`), or finished there by its own `max_tokens = leave[i]`.
+A condition with `"trace": [lines]` replays a step-placed trace around each request in turn (`"keys"`: only
+those), stepped by hand (`LLMEngine.add_request`, `step`, `abort_request`) by the rules of evalgate's exact
+placement (docs/traffic.md): lines as evalgate writes them with token ids (`{"step", "prompt_ids",
+"max_tokens", "cancel_after"?: {"steps" | "tokens": n}}`, or the marker `{"step", "gated": true}`), added in
+the order of (step, line), so the request arrives at its marker's line; an event leaves when its cancel is
+due (aborted) or at its max_tokens (ignore_eos); the replay ends when the request finishes. Tests build the
+lines from evalgate's own Trace (variance.oracle_trace), so the arrangement is described once.
 
 result.json: {"conditions": {name: {key: {"ids", "logprob_bits", "cached_tokens", "margins"}}}}, with each
 sampled token's logprob as the hex of its float64 bits and each position's top-1 minus top-2 logprob (waves;
-not the neighbours' conditions); a rescoring's entries have "ids" (the tokens rescored),
+not a trace condition's); a rescoring's entries have "ids" (the tokens rescored),
 "logprobs" (each one's) and "top" ([top-1 id, top-1 logprob] at each position). Deliberately free of evalgate imports, so that what the
 gate reports can be checked against what vLLM itself does on this machine.
 """
@@ -53,8 +56,8 @@ def main(plan_path: str, result_path: str) -> None:
             results[condition["name"]] = rescore(llm, prompts, condition["name"], tokens,
                                                  plan["sampling"].get("logprobs", 5))
             continue
-        if "neighbours" in condition:
-            results[condition["name"]] = among_neighbours(llm, prompts, condition, params)
+        if "trace" in condition:
+            results[condition["name"]] = replay(llm, prompts, condition, params)
             continue
         keys = list(condition.get("batch") or prompts)  # "batch": only these requests, as one wave
         if condition.get("order_seed") is not None:
@@ -75,32 +78,48 @@ def main(plan_path: str, result_path: str) -> None:
         json.dump({"conditions": results}, f)
 
 
-def among_neighbours(llm, prompts: dict, condition: dict, params) -> dict:
-    """Each request alone among neighbours that leave on given steps (aborted, or finished by max_tokens)."""
+def replay(llm, prompts: dict, condition: dict, params) -> dict:
+    """Each request (or those of `keys`) at its marker's place in one replay of the trace, cold."""
     from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
 
-    engine, spec, outputs = llm.llm_engine, condition["neighbours"], {}
-    for key, prompt in prompts.items():
+    engine, outputs = llm.llm_engine, {}
+    for key in condition.get("keys") or prompts:
         salt = f"{condition['name']}/{key}"
-        for i, (ids, leave) in enumerate(zip(spec["prompt_token_ids"], spec["leave"])):
-            limit = spec["max_tokens"] if spec["abort"] else leave
-            engine.add_request(f"n{i}", {"prompt_token_ids": ids, "cache_salt": f"{salt}/trace"},
-                               SamplingParams(max_tokens=limit, temperature=0.0, ignore_eos=True))
-        engine.add_request(key, {**prompt, "cache_salt": salt}, params)
-        running, step, done = set(range(len(spec["leave"]))), 0, None
+        arrivals = sorted(enumerate(condition["trace"]), key=lambda a: (a[1]["step"], a[0]))
+        active, tokens, step, done = {}, {}, 0, None
         while done is None:
-            if spec["abort"]:
-                for i in [i for i in running if step >= spec["leave"][i]]:
-                    engine.abort_request([f"n{i}"])
-                    running.discard(i)
+            while arrivals and arrivals[0][1]["step"] <= step:
+                line, event = arrivals.pop(0)
+                if event.get("gated"):
+                    engine.add_request(key, {**prompts[key], "cache_salt": salt}, params)
+                    continue
+                request_id = f"trace-{line}"
+                engine.add_request(request_id, {"prompt_token_ids": event["prompt_ids"], "cache_salt": f"{salt}/trace"},
+                                   SamplingParams(max_tokens=event["max_tokens"], temperature=0.0, ignore_eos=True,
+                                                  output_kind=RequestOutputKind.DELTA))
+                active[request_id], tokens[request_id] = (event, step), 0
+            for request_id, (event, arrived) in list(active.items()):
+                cancel = event.get("cancel_after") or {}
+                if (("steps" in cancel and step - arrived >= cancel["steps"])
+                        or ("tokens" in cancel and tokens[request_id] >= cancel["tokens"])):
+                    engine.abort_request([request_id])
+                    del active[request_id]
+            if not engine.has_unfinished_requests():
+                if not arrivals:
+                    raise SystemExit(f"the trace of {condition['name']} has no gated marker")
+                step = max(step + 1, arrivals[0][1]["step"])
+                continue
             for out in engine.step():
-                if out.finished and out.request_id == key:
-                    done = out
-                elif out.finished:
-                    running.discard(int(out.request_id[1:]))
+                if out.request_id == key:
+                    done = out if out.finished else None
+                elif out.request_id in tokens:
+                    tokens[out.request_id] += len(out.outputs[0].token_ids)
+                    if out.finished:
+                        active.pop(out.request_id, None)
             step += 1
-        for i in running:
-            engine.abort_request([f"n{i}"])
+        for request_id in active:  # nothing later can change the request's output
+            engine.abort_request([request_id])
         sample = done.outputs[0]
         logprobs = [row[token].logprob for token, row in zip(sample.token_ids, sample.logprobs)]
         outputs[key] = {"ids": list(sample.token_ids), "logprob_bits": [struct.pack("<d", lp).hex() for lp in logprobs],

@@ -9,7 +9,11 @@ requests differ between alone and crowded is the source. Its raw results are als
 the gate on the same workload and asserts the gate reports exactly the requests plain vLLM shows
 differing, under each factor, and "invariant under" where plain vLLM shows none.
 
-If no candidate varies, the survey fails with its table: the negative controls never skip.
+If no real candidate varies (a CPU whose kernels give every row the same bits in every batch), the source is
+the planted one: the tiny model in real vLLM with a batch effect planted by a vLLM plugin (tests/planted,
+`PLANTED`), surveyed and judged like any other. Its environment (`VarianceSource.env`) goes to every CLI and
+oracle call of a test on the source (conftest's `cli`). So the negative controls never skip and never fail
+for want of variance; the table says which source it was.
 """
 
 from __future__ import annotations
@@ -61,6 +65,14 @@ class Candidate:
     prompts: tuple[str, ...]
     max_tokens: int
     max_model_len: int = 512
+    planted: bool = False  # run with the planted batch effect (helpers.planted_batch_variance)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a CLI or oracle call on this workload adds to its environment (this process's PYTHONPATH kept)."""
+        from helpers import planted_batch_variance
+
+        return planted_batch_variance(dict(os.environ)) if self.planted else {}
 
     def keys(self) -> list[str]:
         return [f"p{i:03d}" for i in range(len(self.prompts))]
@@ -71,6 +83,8 @@ class Candidate:
 # output token 1, so 4 tokens show it); the tiny fp32 model needs 48 long prompts and 16 tokens on AVX2.
 SMOLLM2 = Candidate("smollm2 fp32", "smollm2", "float32", long_prompts(6, 120, 8), max_tokens=3)
 TINY = Candidate("tiny fp32", "tiny", "float32", tiny_prompts(48), max_tokens=16)
+# the last resort, on any CPU: every request that shares a step differs in bits, none alone
+PLANTED = Candidate("tiny planted", "tiny", "float32", tiny_prompts(8), max_tokens=8, planted=True)
 
 
 def candidates() -> list[Candidate]:
@@ -111,6 +125,10 @@ class VarianceSource:
     def n(self) -> int:
         return len(self.candidate.prompts)
 
+    @property
+    def env(self) -> dict[str, str]:
+        return self.candidate.env
+
     def suite(self, directory: Path, **kwargs) -> Path:
         """A suite file of this workload (conftest.write_suite's keywords)."""
         from helpers import write_suite
@@ -131,7 +149,7 @@ def raw_conditions(candidate: Candidate, model: Path, work: Path, env: dict[str,
                            {"name": "hot", "concurrency": 1, "salt": "alone"},
                            {"name": "crowded", "concurrency": n, "salt": "crowded"},
                            {"name": "order", "concurrency": n, "salt": "order", "order_seed": SHUFFLE_SEED}]}
-    return run_plain_vllm(plan, work, env)
+    return run_plain_vllm(plan, work, {**env, **candidate.env})
 
 
 def run_plain_vllm(plan: dict, work: Path, env: dict[str, str]) -> dict:
@@ -145,14 +163,46 @@ def run_plain_vllm(plan: dict, work: Path, env: dict[str, str]) -> dict:
     return json.loads((work / "result.json").read_text(encoding="utf-8"))["conditions"]
 
 
+def outputs_equal(a: dict, b: dict) -> bool:
+    """Two plain-vLLM results of one request are the same output: token ids and every logprob bit, nothing else
+    (records of two conditions carry different extra fields: `margins`, `cached_tokens`)."""
+    return (a["ids"], a["logprob_bits"]) == (b["ids"], b["logprob_bits"])
+
+
+def differing_keys(reference: dict, other: dict) -> list[str]:
+    """The requests whose outputs differ between two conditions (of the keys both ran)."""
+    return sorted(k for k in reference if k in other and not outputs_equal(reference[k], other[k]))
+
+
+def oracle_trace(trace, encode, seed: int = 0) -> list[dict]:
+    """evalgate's own Trace as the oracle's `trace` condition replays it (tests/raw_vllm.py): each event with the
+    token ids evalgate's `materialize` gives it, in the trace's order, every cancel in steps or tokens. So a
+    test never describes an arrangement of its own: it hands the oracle the one evalgate runs."""
+    from evalgate.configuration.trace import materialize
+
+    requests = {r.id: r for r in materialize(trace, encode, seed)}
+    lines = []
+    for event in trace.events:
+        if event.gated:
+            lines.append({"step": trace.step_of(event), "gated": True})
+            continue
+        request = requests[event.id]
+        line = {"step": request.step, "max_tokens": request.max_tokens,
+                "prompt_ids": list(request.prompt_ids) if request.prompt_ids is not None else list(encode(request.text))}
+        if request.cancel is not None:
+            leave = request.cancel.leave_step()
+            line["cancel_after"] = {"steps": leave} if leave is not None else {"tokens": int(request.cancel.amount)}
+        lines.append(line)
+    return lines
+
+
 def findings(results: dict) -> tuple[dict[str, list[str]], dict[str, list[str]], int, dict[str, dict[str, float]]]:
     """Per factor the requests that differ and those whose tokens flip, the hot condition's cache hits, and
     per flip the reference's top-1 minus top-2 margin where the tokens first differ (what its class is)."""
     differing, flips, margins = {}, {}, {}
     for condition, (reference, factor) in COMPARISONS.items():
         ref, other = results[reference], results[condition]
-        differing[factor] = sorted(k for k in ref if (ref[k]["ids"], ref[k]["logprob_bits"]) !=
-                                   (other[k]["ids"], other[k]["logprob_bits"]))
+        differing[factor] = differing_keys(ref, other)
         flips[factor] = sorted(k for k in ref if ref[k]["ids"] != other[k]["ids"])
         margins[factor] = {}
         for k in flips[factor]:
@@ -169,11 +219,16 @@ def first_difference(a: list[int], b: list[int]) -> int:
 
 
 def survey(models_dir: Path, env: dict[str, str]) -> dict:
-    """Try the candidates in order until one varies alone vs crowded; every tried one is in the table."""
+    """Try the candidates in order until one varies alone vs crowded, the planted one last; every tried one is
+    in the table."""
     from helpers import cached_model
 
     rows, chosen = [], None
-    for candidate in candidates():
+    # EVALGATE_TEST_VARIANCE=planted: the planted source alone, as on a CPU where nothing real varies
+    real = [] if os.environ.get("EVALGATE_TEST_VARIANCE") == "planted" else candidates()
+    for candidate in [*real, PLANTED]:
+        if candidate.planted and chosen:
+            break
         model = cached_model(models_dir, candidate.preset)
         t0 = time.monotonic()
         differing, flips, hits, margins = findings(raw_conditions(candidate, model, models_dir / "survey" / candidate.preset,
@@ -216,9 +271,8 @@ def variance_source(models_dir, cli_env) -> VarianceSource:
     if os.environ.get("PYTEST_XDIST_WORKER") in (None, "gw0"):
         print(f"\nvariance survey (plain vLLM):\n{table}", file=sys.stderr)
     chosen = found["chosen"]
-    if chosen is None:
-        pytest.fail("no variance source on this machine: no candidate's requests differ alone vs crowded in plain "
-                    f"vLLM. The negative controls need one; add a candidate to tests/variance.py.\n{table}")
-    candidate = next(c for c in candidates() if c.name == chosen["candidate"])
+    if chosen is None:  # not even the planted effect: the plugin did not load (tests/planted)
+        pytest.fail(f"no variance source: not even the planted candidate varies alone vs crowded.\n{table}")
+    candidate = next(c for c in [*candidates(), PLANTED] if c.name == chosen["candidate"])
     return VarianceSource(candidate, Path(chosen["model"]), chosen["differing"], chosen["token_flips"],
                           chosen["cache_hits"], table, chosen["flip_margins"])

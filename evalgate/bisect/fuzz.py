@@ -333,25 +333,30 @@ def _prompt(trials: _Trials, key: str) -> Prompt:
 
 def isolate(trials: _Trials, trace: Trace, key: str) -> Trace:
     """The trial's trace with only `key` gated: every other gated request becomes a plain event at its
-    place, and every event carries its token ids (a shrunk subset never loses a shared prefix)."""
+    place (its step, and its line among that step's events), and every event carries its token ids (a shrunk
+    subset never loses a shared prefix)."""
     engine, prompts = trials.engine, trials.prompts
     places = gated_places(trace, len(prompts), trials.step_seconds)
     ids = {r.id: r for r in materialize(trace, engine.encode, trials.seed, trials.step_seconds)}
-    events: list[Event] = []
-    for e in trace.traffic:
+    placed: list[tuple[float, float, Event]] = []  # (step, line, event): the replay's arrival order
+    for line, e in enumerate(trace.events):
+        if e.gated:
+            continue
         request = ids[e.id]
         prompt_ids = request.prompt_ids if request.prompt_ids is not None else tuple(engine.encode(request.text))
-        events.append(replace(e, offset=float(request.step), prompt=None, tokens=None, prefix_of=None, prefix_tokens=0,
-                              prompt_ids=prompt_ids))  # in steps already (in_steps)
+        placed.append((request.step, line, replace(e, offset=float(request.step), prompt=None, tokens=None,
+                                                   prefix_of=None, prefix_tokens=0, prompt_ids=prompt_ids)))
     taken = {e.id for e in trace.events}
-    for p, (step, _) in zip(prompts, places):
+    for p, place in zip(prompts, places):
         if p.key == key:
-            events.append(Event(0, next(i for i in ("gated", "gated-marker", f"gated-{key}-marker") if i not in taken),
-                                float(step), gated=True))
+            event = Event(0, next(i for i in ("gated", "gated-marker", f"gated-{key}-marker") if i not in taken),
+                          float(place.step), gated=True)
         else:
-            events.append(Event(0, f"gated-{p.key}", float(step), prompt_ids=tuple(engine.tokenize(p)),
-                                max_tokens=int(engine.suite.sampling_for(p)["max_tokens"])))
-    return Trace(tuple(sorted(events, key=lambda e: e.offset)), "step", trace.source)
+            event = Event(0, f"gated-{p.key}", float(place.step), prompt_ids=tuple(engine.tokenize(p)),
+                          max_tokens=int(engine.suite.sampling_for(p)["max_tokens"]))
+        placed.append((place.step, place.position, event))
+    placed.sort(key=lambda item: item[:2])  # stable: gated requests at one marker keep their order
+    return Trace(tuple(e for *_, e in placed), "step", trace.source)
 
 
 def shrink(trials: _Trials, trace: Trace, key: str, budget: int = SHRINK_TRIALS) -> tuple[Trace | None, bool]:
@@ -359,21 +364,18 @@ def shrink(trials: _Trials, trace: Trace, key: str, budget: int = SHRINK_TRIALS)
     when it does not change with only itself gated."""
     whole = isolate(trials, trace, key)
     prompt = [_prompt(trials, key)]
-    marker = [e for e in whole.events if e.gated]
-
     start = trials.bisection.steps
 
     def fails(events: list[Event]) -> bool:
         if trials.bisection.steps - start >= budget:
             raise BudgetExhausted(f"--shrink-trials {budget} reached")
-        changed, _ = trials.trial(f"shrink: {len(events)} of {len(whole.traffic)} events", whole.with_events(events + marker),
-                                  prompt)
+        changed, _ = trials.trial(f"shrink: {len(events)} of {len(whole.traffic)} events", whole.keeping(events), prompt)
         return bool(changed)
 
     if not fails(list(whole.traffic)):
         return None, False
     events, proven = ddmin(whole.traffic, fails)
-    return whole.with_events(events + marker), proven
+    return whole.keeping(events), proven
 
 
 def cancel_or_neighbours(trials: _Trials, shrunk: Trace, key: str) -> str | None:
@@ -386,7 +388,7 @@ def cancel_or_neighbours(trials: _Trials, shrunk: Trace, key: str) -> str | None
     finished = [replace(e, cancel=None, max_tokens=min(e.cancel.tokens_received(trials.step_seconds), e.max_tokens))
                 if e.cancels else e for e in shrunk.traffic]
     changed, _ = trials.trial(f"control: {len(cancelling)} cancel(s) as neighbours finishing on the same steps",
-                              shrunk.with_events(finished + [e for e in shrunk.events if e.gated]), [_prompt(trials, key)])
+                              shrunk.keeping(finished), [_prompt(trials, key)])
     return "neighbours" if changed else "cancel"
 
 

@@ -29,7 +29,7 @@ import random
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from ..errors import ConfigError
 from .config import check_keys, read_text
@@ -135,6 +135,13 @@ class Trace:
                 by_id[e.id] = replace(e, offset=source.offset)
         ordered = sorted(by_id.values(), key=lambda e: (e.offset, depth(e)))
         return replace(self, events=tuple(ordered))
+
+    def keeping(self, events: list[Event]) -> Trace:
+        """This trace with only `events` of its traffic (by id: an event may be a changed copy of its own), in
+        this trace's order, every gated marker where it stands (a subset replays in the same arrival order)."""
+        by_id = {e.id: e for e in events}
+        return replace(self, events=tuple(e if e.gated else by_id[e.id] for e in self.events
+                                          if e.gated or e.id in by_id))
 
     def step_of(self, event: Event, step_seconds: float = DEFAULT_STEP_SECONDS) -> int:
         return int(event.offset) if self.unit == "step" else int(round(event.offset / step_seconds))
@@ -350,18 +357,29 @@ def materialize(trace: Trace, encode: Callable[[str], list[int]], seed: int,
     return requests
 
 
-def gated_places(trace: Trace, count: int, step_seconds: float = DEFAULT_STEP_SECONDS) -> list[tuple[int, float]]:
-    """(step, seconds) at which each of `count` gated requests arrives: split in order among the markers,
-    or all at the first event at or after the middle of the trace when it has none."""
-    markers = [e for e in trace.events if e.gated]
+class Place(NamedTuple):
+    """Where a gated request arrives: its step, its offset in seconds, and its place among the trace's events
+    (a request arrives after the events before its marker in the trace, and before those after it)."""
+
+    step: int
+    seconds: float
+    position: float
+
+
+def gated_places(trace: Trace, count: int, step_seconds: float = DEFAULT_STEP_SECONDS) -> list[Place]:
+    """Where each of `count` gated requests arrives: split in order among the markers, each at its marker's
+    line (so a marker between two events of one step arrives between them, as the repro pack's plain script
+    replays it); with no marker, all of them after the first event at or after the middle of the trace and
+    every other event of that step."""
+    markers = [(i, e) for i, e in enumerate(trace.events) if e.gated]
     if not markers:
         traffic = trace.traffic
         middle = (traffic[0].offset + traffic[-1].offset) / 2
-        markers = [next(e for e in traffic if e.offset >= middle)]
+        markers = [(len(trace.events), next(e for e in traffic if e.offset >= middle))]
     places = []
     for i in range(count):
-        marker = markers[i * len(markers) // max(count, 1)]
-        places.append((trace.step_of(marker, step_seconds), trace.seconds_of(marker, step_seconds)))
+        position, marker = markers[i * len(markers) // max(count, 1)]
+        places.append(Place(trace.step_of(marker, step_seconds), trace.seconds_of(marker, step_seconds), position))
     return places
 
 
@@ -440,7 +458,7 @@ def trace_record(trace: Trace) -> dict[str, Any]:
     return {**trace.summary(), "source": trace.source}
 
 
-__all__ = ["DEFAULT_STEP_SECONDS", "Cancel", "Event", "Trace", "TraceRequest", "convert_log", "gated_places",
+__all__ = ["DEFAULT_STEP_SECONDS", "Cancel", "Event", "Place", "Trace", "TraceRequest", "convert_log", "gated_places",
            "load_trace", "materialize", "parse_trace", "trace_record"]
 
 

@@ -561,8 +561,8 @@ class OpenAIEngine(Engine):
 
         traffic = TimedTraffic(trace, requests, self.send_trace, step_seconds)
         groups: dict[float, list[Prompt]] = {}
-        for prompt, (_, seconds) in zip(prompts, gated_places(trace, len(prompts), step_seconds)):
-            groups.setdefault(seconds, []).append(prompt)
+        for prompt, place in zip(prompts, gated_places(trace, len(prompts), step_seconds)):
+            groups.setdefault(place.seconds, []).append(prompt)
         arrivals: list[dict] = []
 
         async def group(seconds: float, members: list[Prompt]) -> list[Completion]:

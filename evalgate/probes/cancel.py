@@ -69,12 +69,14 @@ def cancel_trace(max_tokens: int, max_model_len: int, *, aborted: bool = True) -
     aborted after `leave` steps, or (the control) finished by `max_tokens = leave` on the same step, so the
     batch has the same shape at every step either way (a request makes one token a step)."""
     tokens = max(1, min(NEIGHBOUR_TOKENS, max_model_len - max_tokens - 10))
-    events = [Event(0, "gated", 0.0, gated=True)]
+    events = []
     for i in range(CANCELLED):
         leave = 1 + (i * max(1, max_tokens - 1)) // CANCELLED  # from the request's first decode step on
         events.append(Event(i + 1, f"cancelled-{i}", 0.0, tokens=tokens, max_tokens=max_tokens + 8,
                             cancel=TraceCancel("steps", leave))
                       if aborted else Event(i + 1, f"cancelled-{i}", 0.0, tokens=tokens, max_tokens=leave))
+    # the request arrives after its neighbours, on the same step (a marker's line is its place in the step)
+    events.append(Event(CANCELLED + 1, "gated", 0.0, gated=True))
     # (the same event ids: a neighbour's prompt is seeded by its id, so both passes share the same neighbours)
     return Trace(tuple(events), "step", "cancel probe" if aborted else "cancel probe's control")
 

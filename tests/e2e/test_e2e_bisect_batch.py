@@ -21,13 +21,19 @@ from helpers import CLI, database_url, db_output_ids, db_query, read_json
 pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory, cli_env, variance_source):
+def source_env(cli_env, variance_source) -> dict[str, str]:
+    """The CLI's environment on the variance source (the planted one's plugin, where no real source varies)."""
+    return {**cli_env, **variance_source.env}
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory, source_env, variance_source):
     """(cli, suite, db url, run id, verdict details by key, the variance source) of one baseline run with
     batch variance."""
     root = tmp_path_factory.mktemp("bisect-batch")
     suite = variance_source.suite(root / "ws", concurrency=(1, variance_source.n), shuffles=0, name="bisect-batch",
                                   extra_engine="enable_prefix_caching = false")
-    cli = CLI(cli_env, root)
+    cli = CLI(source_env, root)
     # exit 1 (batch variance: the negative control), stored and promoted all the same with --allow-variance
     cli("baseline", "create", suite, "--allow-variance", check=1)
     db = database_url(suite)
@@ -81,7 +87,7 @@ def _imports(script: Path) -> set[str]:
     return names
 
 
-def test_bisect_batch_finds_a_minimal_neighbour_set_that_reproduces(recorded, cli_env, tmp_path):
+def test_bisect_batch_finds_a_minimal_neighbour_set_that_reproduces(recorded, source_env, tmp_path):
     cli, suite, db, run_id, verdicts, source = recorded
     key = _flip(verdicts)
     crowded = {k for k, v in verdicts.items() if v["verdict"] == "batch_variance"}
@@ -129,7 +135,7 @@ def test_bisect_batch_finds_a_minimal_neighbour_set_that_reproduces(recorded, cl
     # re-running the minimal batch independently (plain vLLM, fresh process) reproduces the flip
     batches = read_json(pack / "batches.json")
     assert [sorted(requests) for requests in (b["requests"] for b in batches["batches"])] == [[key], sorted([key, *minimal])]
-    run = _run_script(pack / "repro.py", cli_env, tmp_path)
+    run = _run_script(pack / "repro.py", source_env, tmp_path)
     assert run.returncode == 0, f"{run.stdout}\n{run.stderr[-4000:]}"
     assert "VERDICT: REPRODUCED" in run.stdout
     assert f"first difference at output token {div['position']}" in run.stdout
@@ -137,14 +143,14 @@ def test_bisect_batch_finds_a_minimal_neighbour_set_that_reproduces(recorded, cl
     # gives its output alone again (one engine, every batch as one wave, on the criterion the bisect used)
     order = next(b["requests"] for b in batches["batches"] if len(b["requests"]) > 1)
     plain = _plain_batches(pack, {"alone": [key], "minimal": order,
-                                  **{f"without {m}": [k for k in order if k != m] for m in minimal}}, cli_env, tmp_path)
+                                  **{f"without {m}": [k for k in order if k != m] for m in minimal}}, source_env, tmp_path)
     fields = ("ids",) if doc["on"] == "tokens" else ("ids", "logprob_bits")
     target = {name: tuple(tuple(out[key][f]) for f in fields) for name, out in plain.items()}
     assert target["minimal"] != target["alone"]
     assert all(target[f"without {m}"] == target["alone"] for m in minimal), {n: t[0] for n, t in target.items()}
 
 
-def test_repro_pack_reproduces_the_recorded_divergence(recorded, cli_env, tmp_path):
+def test_repro_pack_reproduces_the_recorded_divergence(recorded, source_env, tmp_path):
     cli, suite, db, run_id, verdicts, source = recorded
     key = _flip(verdicts)
     out = tmp_path / "repro"
@@ -171,7 +177,7 @@ def test_repro_pack_reproduces_the_recorded_divergence(recorded, cli_env, tmp_pa
     assert read_json(out / "engine.json")["engine_args"]["seed"] == 0
     assert "python repro.py" in (out / "README.md").read_text(encoding="utf-8")
 
-    run = _run_script(script, cli_env, tmp_path)
+    run = _run_script(script, source_env, tmp_path)
     assert run.returncode == 0, f"{run.stdout}\n{run.stderr[-4000:]}"
     assert "VERDICT: REPRODUCED: the divergence reproduced" in run.stdout
 

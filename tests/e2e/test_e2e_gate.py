@@ -24,6 +24,7 @@ from helpers import (
     db_exists,
     db_query,
     db_runs,
+    gate_keys,
     green_path,
     read_json,
     variance_prompts,
@@ -45,16 +46,6 @@ runs, baselines = db_runs, db_baselines  # (id, kind, status, verdict) / (suite_
 
 def test_green_path_create_then_check(cli, tmp_path, tiny_model):
     green_path(cli, tmp_path, tiny_model, SQLITE_IN_SUITE_DIR, "sqlite", "vllm")
-
-
-def gate_keys(report: dict, verdict: str = "batch_variance") -> dict[str, set[str]]:
-    """Factor -> the requests a report finds varying under it (every factor a request varies under)."""
-    found: dict[str, set[str]] = {}
-    for r in report["requests"]:
-        if r["verdict"] == verdict:
-            for factor in r["passes"]["factors"]:
-                found.setdefault(factor, set()).add(r["key"])
-    return found
 
 
 def test_variance_is_attributed_to_its_factor_and_never_promoted(cli, tmp_path, variance_source):

@@ -130,3 +130,18 @@ def test_a_fuzz_mutation_and_a_replay_place_the_gated_request_on_the_same_step(f
     suite = fake_suite()
     replayed = replay_steps(FakeEngine(suite), trace, suite.prompts[:1])
     assert [a["step"] for a in replayed.stats["gated_arrivals"]] == [gated_step(trace)] == [10]
+
+
+@pytest.mark.parametrize("line", [0, 1, 2])
+def test_a_gated_request_arrives_at_its_markers_line_among_the_events_of_its_step(fake_suite, line):
+    """Arrival order is the trace's order, the marker included (as the repro pack's plain script replays it):
+    a marker between two events of one step arrives between them, so one event runs when it arrives."""
+    from evalgate.configuration.trace import parse_trace
+    from evalgate.execution.replay import replay_steps
+
+    events = [{"step": 0, "tokens": 4, "max_tokens": 6}, {"step": 0, "tokens": 4, "max_tokens": 6}]
+    events.insert(line, {"step": 0, "gated": True})
+    trace = parse_trace([json.dumps(e) for e in events], "t")
+    suite = fake_suite()
+    replayed = replay_steps(FakeEngine(suite), trace, suite.prompts[:1])
+    assert [(a["step"], a["running"]) for a in replayed.stats["gated_arrivals"]] == [(0, line)]

@@ -48,10 +48,11 @@ def test_a_replay_submits_seeded_words_that_share_their_prefix_and_steps_from_se
 def test_gated_requests_are_split_among_the_markers_in_order_or_go_to_the_middle():
     marked = parse_trace(lines({"step": 0, "tokens": 4, "max_tokens": 2}, {"step": 3, "gated": True},
                                {"step": 9, "gated": True}), "t")
-    assert [step for step, _ in gated_places(marked, 4)] == [3, 3, 9, 9]
+    assert [(p.step, p.position) for p in gated_places(marked, 4)] == [(3, 1), (3, 1), (9, 2), (9, 2)]
     unmarked = parse_trace(lines({"step": 0, "tokens": 4, "max_tokens": 2}, {"step": 4, "tokens": 4, "max_tokens": 2},
                                  {"step": 10, "tokens": 4, "max_tokens": 2}), "t")
-    assert [step for step, _ in gated_places(unmarked, 2)] == [10, 10]  # the first event at or after step 5
+    # the first event at or after step 5, after every event of that step
+    assert [(p.step, p.position) for p in gated_places(unmarked, 2)] == [(10, 3), (10, 3)]
 
 
 def test_a_trace_in_seconds_is_fuzzed_in_steps():
