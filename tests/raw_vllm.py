@@ -16,8 +16,9 @@ rescoring does (teacher forcing).
 
 A condition with `"trace": [lines]` replays a step-placed trace around each request in turn (`"keys"`: only
 those), stepped by hand (`LLMEngine.add_request`, `step`, `abort_request`) by the rules of evalgate's exact
-placement (docs/traffic.md): lines as evalgate writes them with token ids (`{"step", "prompt_ids",
-"max_tokens", "cancel_after"?: {"steps" | "tokens": n}}`, or the marker `{"step", "gated": true}`), added in
+placement (docs/traffic.md): lines as a fuzz repro pack's trace.jsonl has them, in steps with token ids
+(`{"step", "prompt_ids", "max_tokens", "cancel_after"?: {"steps" | "tokens": n}}`, or the marker
+`{"step", "gated": true}`), added in
 the order of (step, line), so the request arrives at its marker's line; an event leaves when its cancel is
 due (aborted) or at its max_tokens (ignore_eos); the replay ends when the request finishes. Tests build the
 lines from evalgate's own Trace (variance.oracle_trace), so the arrangement is described once.

@@ -175,25 +175,20 @@ def differing_keys(reference: dict, other: dict) -> list[str]:
 
 
 def oracle_trace(trace, encode, seed: int = 0) -> list[dict]:
-    """evalgate's own Trace as the oracle's `trace` condition replays it (tests/raw_vllm.py): each event with the
-    token ids evalgate's `materialize` gives it, in the trace's order, every cancel in steps or tokens. So a
-    test never describes an arrangement of its own: it hands the oracle the one evalgate runs."""
-    from evalgate.configuration.trace import materialize
+    """evalgate's own Trace as the oracle's `trace` condition replays it (tests/raw_vllm.py): in steps, each event
+    with the token ids evalgate's `materialize` gives it, written by evalgate's own `Event.to_json` (the lines of
+    a fuzz repro pack's trace.jsonl). So a test never describes an arrangement of its own: it hands the oracle
+    the one evalgate runs."""
+    from dataclasses import replace
 
-    requests = {r.id: r for r in materialize(trace, encode, seed)}
-    lines = []
-    for event in trace.events:
-        if event.gated:
-            lines.append({"step": trace.step_of(event), "gated": True})
-            continue
-        request = requests[event.id]
-        line = {"step": request.step, "max_tokens": request.max_tokens,
-                "prompt_ids": list(request.prompt_ids) if request.prompt_ids is not None else list(encode(request.text))}
-        if request.cancel is not None:
-            leave = request.cancel.leave_step()
-            line["cancel_after"] = {"steps": leave} if leave is not None else {"tokens": int(request.cancel.amount)}
-        lines.append(line)
-    return lines
+    from evalgate.bisect.mutate import in_steps
+    from evalgate.configuration.trace import DEFAULT_STEP_SECONDS, materialize
+
+    trace = in_steps(trace, DEFAULT_STEP_SECONDS)
+    ids = {r.id: r.prompt_ids if r.prompt_ids is not None else tuple(encode(r.text)) for r in materialize(trace, encode, seed)}
+    return [e.to_json("step") if e.gated else
+            replace(e, prompt=None, tokens=None, prefix_of=None, prefix_tokens=0, prompt_ids=ids[e.id]).to_json("step")
+            for e in trace.events]
 
 
 def findings(results: dict) -> tuple[dict[str, list[str]], dict[str, list[str]], int, dict[str, dict[str, float]]]:

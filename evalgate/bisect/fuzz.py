@@ -29,7 +29,16 @@ from typing import Any
 
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..configuration.suite import Suite, load_suite, with_fail_on
-from ..configuration.trace import DEFAULT_STEP_SECONDS, Event, Trace, gated_places, load_trace, materialize, parse_trace
+from ..configuration.trace import (
+    DEFAULT_STEP_SECONDS,
+    Event,
+    Trace,
+    TraceRequest,
+    arrival_order,
+    load_trace,
+    materialize,
+    parse_trace,
+)
 from ..errors import ConfigError
 from ..judgement.compare import first_divergence, max_logprob_delta
 from ..records import Completion
@@ -332,31 +341,26 @@ def _prompt(trials: _Trials, key: str) -> Prompt:
 
 
 def isolate(trials: _Trials, trace: Trace, key: str) -> Trace:
-    """The trial's trace with only `key` gated: every other gated request becomes a plain event at its
-    place (its step, and its line among that step's events), and every event carries its token ids (a shrunk
-    subset never loses a shared prefix)."""
-    engine, prompts = trials.engine, trials.prompts
-    places = gated_places(trace, len(prompts), trials.step_seconds)
-    ids = {r.id: r for r in materialize(trace, engine.encode, trials.seed, trials.step_seconds)}
-    placed: list[tuple[float, float, Event]] = []  # (step, line, event): the replay's arrival order
-    for line, e in enumerate(trace.events):
-        if e.gated:
-            continue
-        request = ids[e.id]
-        prompt_ids = request.prompt_ids if request.prompt_ids is not None else tuple(engine.encode(request.text))
-        placed.append((request.step, line, replace(e, offset=float(request.step), prompt=None, tokens=None,
-                                                   prefix_of=None, prefix_tokens=0, prompt_ids=prompt_ids)))
+    """The trial's trace with only `key` gated: every other gated request becomes a plain event where the replay
+    added it (`arrival_order`: its step, and its place among that step's events), and every event carries its
+    token ids (a shrunk subset never loses a shared prefix)."""
+    engine = trials.engine
+    requests = materialize(trace, engine.encode, trials.seed, trials.step_seconds)
+    by_id = {e.id: e for e in trace.traffic}
     taken = {e.id for e in trace.events}
-    for p, place in zip(prompts, places):
-        if p.key == key:
-            event = Event(0, next(i for i in ("gated", "gated-marker", f"gated-{key}-marker") if i not in taken),
-                          float(place.step), gated=True)
+    events: list[Event] = []
+    for step, item in arrival_order(trace, requests, trials.prompts, trials.step_seconds):
+        if isinstance(item, TraceRequest):
+            prompt_ids = item.prompt_ids if item.prompt_ids is not None else tuple(engine.encode(item.text))
+            events.append(replace(by_id[item.id], offset=float(step), prompt=None, tokens=None, prefix_of=None,
+                                  prefix_tokens=0, prompt_ids=prompt_ids))
+        elif item.key == key:
+            events.append(Event(0, next(i for i in ("gated", "gated-marker", f"gated-{key}-marker") if i not in taken),
+                                float(step), gated=True))
         else:
-            event = Event(0, f"gated-{p.key}", float(place.step), prompt_ids=tuple(engine.tokenize(p)),
-                          max_tokens=int(engine.suite.sampling_for(p)["max_tokens"]))
-        placed.append((place.step, place.position, event))
-    placed.sort(key=lambda item: item[:2])  # stable: gated requests at one marker keep their order
-    return Trace(tuple(e for *_, e in placed), "step", trace.source)
+            events.append(Event(0, f"gated-{item.key}", float(step), prompt_ids=tuple(engine.tokenize(item)),
+                                max_tokens=int(engine.suite.sampling_for(item)["max_tokens"])))
+    return Trace(tuple(events), "step", trace.source)
 
 
 def shrink(trials: _Trials, trace: Trace, key: str, budget: int = SHRINK_TRIALS) -> tuple[Trace | None, bool]:

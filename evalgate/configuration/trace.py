@@ -29,7 +29,7 @@ import random
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, TypeVar
 
 from ..errors import ConfigError
 from .config import check_keys, read_text
@@ -363,7 +363,7 @@ class Place(NamedTuple):
 
     step: int
     seconds: float
-    position: float
+    position: int  # the marker's index in `trace.events` (past the last one: after every event of its step)
 
 
 def gated_places(trace: Trace, count: int, step_seconds: float = DEFAULT_STEP_SECONDS) -> list[Place]:
@@ -381,6 +381,23 @@ def gated_places(trace: Trace, count: int, step_seconds: float = DEFAULT_STEP_SE
         position, marker = markers[i * len(markers) // max(count, 1)]
         places.append(Place(trace.step_of(marker, step_seconds), trace.seconds_of(marker, step_seconds), position))
     return places
+
+
+Gated = TypeVar("Gated")
+
+
+def arrival_order(trace: Trace, requests: list[TraceRequest], gated: list[Gated],
+                  step_seconds: float = DEFAULT_STEP_SECONDS) -> list[tuple[int, TraceRequest | Gated]]:
+    """A step-placed replay's requests as (step, request) in the order they are added: by step, then by line
+    in the trace, each gated request at its marker's line (several at one marker in their own order). The one
+    rule for the replay (execution/replay.py) and for a trace that fixes it in place (fuzz's `isolate`), and
+    the one the repro pack's plain script follows."""
+    line = {e.id: i for i, e in enumerate(trace.events)}
+    placed: list[tuple[int, int, int, Any]] = [(r.step, line[r.id], i, r) for i, r in enumerate(requests)]
+    placed += [(place.step, place.position, len(requests) + i, g)
+               for i, (g, place) in enumerate(zip(gated, gated_places(trace, len(gated), step_seconds)))]
+    placed.sort(key=lambda a: a[:3])
+    return [(step, item) for step, _, _, item in placed]
 
 
 # --- a user's log, as a trace -------------------------------------------------------------------------------
@@ -458,7 +475,7 @@ def trace_record(trace: Trace) -> dict[str, Any]:
     return {**trace.summary(), "source": trace.source}
 
 
-__all__ = ["DEFAULT_STEP_SECONDS", "Cancel", "Event", "Place", "Trace", "TraceRequest", "convert_log", "gated_places",
+__all__ = ["DEFAULT_STEP_SECONDS", "Cancel", "Event", "Place", "Trace", "TraceRequest", "arrival_order", "convert_log", "gated_places",
            "load_trace", "materialize", "parse_trace", "trace_record"]
 
 

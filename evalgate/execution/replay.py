@@ -23,7 +23,7 @@ from ..configuration.trace import (
     TIMED,
     Trace,
     TraceRequest,
-    gated_places,
+    arrival_order,
     materialize,
     replay_stats,
 )
@@ -106,14 +106,7 @@ def replay_steps(engine: Engine, trace: Trace, gated: list[Prompt], salts: Salts
     salted with `salts`. The replay ends when the last gated request
     finishes: nothing later can change its output, so traffic still running is aborted (`stopped`) and
     events not yet due are not sent (`unsent`)."""
-    requests = materialize(trace, engine.encode, seed, step_seconds)
-    places = gated_places(trace, len(gated), step_seconds)
-    # arrival order: by step, then by line in the trace (a gated request at its marker's line), so a replay adds
-    # requests in the order the trace reads, as the repro pack's plain script does
-    line = {e.id: i for i, e in enumerate(trace.events)}
-    arrivals: list[tuple[int, float, int, Any]] = [(r.step, line[r.id], i, r) for i, r in enumerate(requests)]
-    arrivals += [(place.step, place.position, len(requests) + i, p) for i, (p, place) in enumerate(zip(gated, places))]
-    arrivals.sort(key=lambda a: a[:3])
+    arrivals = arrival_order(trace, materialize(trace, engine.encode, seed, step_seconds), gated, step_seconds)
     session: StepSession = engine.step_session()
     stats = replay_stats(trace, EXACT)
     active: dict[str, tuple[TraceRequest, int]] = {}  # traffic id -> (request, step it arrived)
@@ -123,7 +116,7 @@ def replay_steps(engine: Engine, trace: Trace, gated: list[Prompt], salts: Salts
     step = 0
     while arrivals or session.busy():
         while arrivals and arrivals[0][0] <= step:
-            *_, item = arrivals.pop(0)
+            _, item = arrivals.pop(0)
             if isinstance(item, TraceRequest):
                 request_id = TRAFFIC_PREFIX + item.id  # never a suite key (the companions' reserved prefix)
                 session.add_traffic(request_id, item, salts.traffic)
