@@ -24,6 +24,10 @@ except ModuleNotFoundError:  # Python 3.10
 # torch on 2 cores: one thread is far faster and keeps CPU numerics repeatable between processes.
 TEST_ENV = {
     "OMP_NUM_THREADS": "1",
+    # vLLM's sampler torch.compiles its rank count (an integer count, the same eager) at its first logprobs
+    # request: about 2 s of every engine start here, even with enforce_eager. Every run of the tests, plain vLLM's
+    # included, runs it eager.
+    "TORCHDYNAMO_DISABLE": "1",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "TOKENIZERS_PARALLELISM": "false",

@@ -33,6 +33,7 @@ gate reports can be checked against what vLLM itself does on this machine.
 from __future__ import annotations
 
 import json
+import os
 import random
 import struct
 import sys
@@ -155,3 +156,7 @@ def rescore(llm, prompts: dict, name: str, tokens: dict, k: int) -> dict:
 
 if __name__ == "__main__":
     main(*sys.argv[1:3])
+    # the result is written: skip the interpreter's teardown of torch's and vLLM's modules (about 3 s here)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
