@@ -10,6 +10,7 @@ cache and the lock, so a branch that moves on the Hub changes nothing until the 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from .configuration.lock import Lock, Pin, lock_path, read_lock, write_lock
@@ -22,27 +23,38 @@ TOKEN_FIX = ("set HF_TOKEN to a Hugging Face token that has access (accept the m
              "in CI, from a secret")
 
 
-def fetch(suite_path: Path, *, progress: bool = True, locked: bool = False) -> tuple[Path, Lock, list[str]]:
-    """Fetch everything the suite names and write its lock. Returns the lock's path, the lock, and a line per
-    pin that moved from the previous lock ("repo: revision old -> new"). `locked` (CI): download exactly the
-    commits the lock pins, resolve no branch, and leave the lock as it is; the lock must cover the suite."""
+@dataclass(frozen=True)
+class Fetched:
+    """What a fetch did: the lock written (kept, with --locked), each pin under the role the suite gave it, and
+    a line per pin that moved from the previous lock ("repo (type, revision): old -> new")."""
+
+    path: Path
+    lock: Lock
+    roles: tuple[tuple[str, Pin], ...]  # ("engine.tokenizer", pin), ("adapters.a", pin), ("lm_eval task 'sciq': dataset", pin)
+    moved: tuple[str, ...] = ()
+
+
+def fetch(suite_path: Path, *, progress: bool = True, locked: bool = False) -> Fetched:
+    """Fetch everything the suite names and write its lock. `locked` (CI): download exactly the commits the lock
+    pins, resolve no branch, and leave the lock as it is; the lock must cover the suite."""
     wants = hub_wants(suite_path)
     root = wants.path.parent
     before = read_lock(root)
     commit_of = _locked_commits(before, wants) if locked else lambda repo_type, repo, revision, task=None: revision
-    pins = [_download("model", repo, revision, field, progress=progress, at=commit_of("model", repo, revision))
-            for field, repo, revision in wants.repos]
-    pins += _task_datasets(wants, progress=progress, commit_of=commit_of)
+    roles = [(field, _download("model", repo, revision, field, progress=progress, at=commit_of("model", repo, revision)))
+             for field, repo, revision in wants.repos]
+    roles += _task_datasets(wants, progress=progress, commit_of=commit_of)
+    pins = [pin for _, pin in roles]
     lock = Lock(tuple(pins))
     if locked:
         changed = [p.repo for p in pins if before.find(p.repo_type, p.repo, p.revision, p.task).files != p.files]
         if changed:
             raise ConfigError(f"{lock_path(root)}: the Hub's files of {', '.join(changed)} differ from the lock at the "
                               "same commit", fix="run `evalgate fetch` without --locked and review the change")
-        return lock_path(root), before, []
-    moved = [f"{p.repo} ({p.repo_type}, {p.revision}): {old.commit} -> {p.commit}" for p in pins
-             if (old := before.find(p.repo_type, p.repo, p.revision, p.task)) and old.commit != p.commit]
-    return write_lock(root, lock), lock, moved
+        return Fetched(lock_path(root), before, tuple(roles))
+    moved = tuple(f"{p.repo} ({p.repo_type}, {p.revision}): {old.commit} -> {p.commit}" for p in pins
+                  if (old := before.find(p.repo_type, p.repo, p.revision, p.task)) and old.commit != p.commit)
+    return Fetched(write_lock(root, lock), lock, tuple(roles), moved)
 
 
 def download_model(repo: str, revision: str, field: str, *, progress: bool = False) -> Pin:
@@ -98,21 +110,21 @@ def _download(repo_type: str, repo: str, revision: str, field: str, *, progress:
     return Pin(repo_type=repo_type, repo=repo, revision=revision, commit=snapshot.name, files=hash_files(files))
 
 
-def _task_datasets(wants: HubWants, *, progress: bool, commit_of) -> list[Pin]:
+def _task_datasets(wants: HubWants, *, progress: bool, commit_of) -> list[tuple[str, Pin]]:
     """The Hub datasets of the suite's lm-eval built-in tasks (a group or tag: of each of its tasks), one pin
-    per dataset and revision (tasks that share one share the download)."""
+    per task under its role (tasks that share a dataset and revision share the download)."""
     if wants.lm_eval is None:
         return []
     from .lmeval.tasks import hub_datasets
 
-    pins, fetched = [], {}
+    roles, fetched = [], {}
     for task, (repo, config_name, revision) in hub_datasets(wants.lm_eval, wants.path).items():
-        key = (repo, revision or "main")
+        key, role = (repo, revision or "main"), f"lm_eval task {task!r}: dataset"
         if key not in fetched:
-            fetched[key] = _download("dataset", repo, key[1], f"lm_eval task {task!r}: dataset", progress=progress,
+            fetched[key] = _download("dataset", repo, key[1], role, progress=progress,
                                      at=commit_of("dataset", repo, key[1], task))
-        pins.append(Pin(**{**fetched[key].__dict__, "task": task, "config_name": config_name}))
-    return pins
+        roles.append((role, Pin(**{**fetched[key].__dict__, "task": task, "config_name": config_name})))
+    return roles
 
 
 def _import_hub():

@@ -13,8 +13,8 @@ shrink it to a repro.
 3. Verify in a FRESH engine process: alone, then the shrunk trace; it must change again.
 4. A repro pack: the trace, the request, the outputs, and a plain vLLM script replaying the same steps.
 
-Exit codes, as the bisectors': 0 found (and reproduced), 1 not found within the budget (or it did not
-reproduce in a fresh engine), 2 bad input, 3 engine/infrastructure.
+Exit codes, as `check`'s (a fuzz tests the engine; a find is its failure): 0 nothing found within the budget,
+1 found (the report says whether a fresh engine reproduced it), 2 bad input, 3 engine/infrastructure.
 """
 
 from __future__ import annotations
@@ -87,7 +87,9 @@ class FuzzResult:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.status == "found" and self.reproduced else 1
+        """As `check`: 0 nothing found, 1 a find (reproduced or not: the report says which). Not the bisectors'
+        convention (0 = the culprit found): a fuzz is a test of the engine, and a find is its failure."""
+        return 1 if self.status == "found" else 0
 
     @property
     def trials_per_engine_minute(self) -> float:
@@ -214,7 +216,8 @@ def fuzz(suite_path: Path | str, *, budget: float, max_trials: int = 1000, keys:
                 repro_dir = suite.root / ".evalgate" / "fuzz" / str(bisection.session_id)
             result.repro_dir = str(write_pack(repro_dir, suite, result))
         result.seconds = time.monotonic() - started
-        bisection.finish("complete" if result.exit_code == 0 else "inconclusive", result.to_dict())
+        bisection.finish("complete" if result.status == "found" and result.reproduced else "inconclusive",
+                         result.to_dict())
     return result
 
 

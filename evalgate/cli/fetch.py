@@ -22,13 +22,13 @@ def fetch(suite: Optional[Path] = SuiteArg,
 
     Every other command then runs offline from the cache and the lock: a branch that moves on the Hub
     changes nothing until you fetch again. Commit evalgate.lock. Gated repos need HF_TOKEN."""
-    path, lock, moved = fetch_suite(find_suite(suite), progress=progress, locked=locked)
-    if not lock.pins:
-        console.print(f"the suite names no Hub repo: nothing to fetch; wrote {path}")
+    fetched = fetch_suite(find_suite(suite), progress=progress, locked=locked)
+    if not fetched.roles:
+        console.print(f"the suite names no Hub repo: nothing to fetch; wrote {fetched.path}")
         return
-    for pin in lock.pins:
-        what = f"lm_eval task {pin.task}: dataset" if pin.task else pin.repo_type
-        console.print(f"{what} {pin.repo} @ {pin.revision}: commit {pin.commit} ({len(pin.files)} files)")
-    for line in moved:
+    for role, pin in fetched.roles:  # the field that named it: engine.model, engine.tokenizer, adapters.NAME, a task
+        console.print(f"{role}: {pin.repo} @ {pin.revision}: commit {pin.commit} ({len(pin.files)} files)",
+                      markup=False)
+    for line in fetched.moved:
         console.print(f"[yellow]moved since the last fetch:[/yellow] {line}")
-    console.print(f"kept {path} (--locked)" if locked else f"wrote {path}")
+    console.print(f"kept {fetched.path} (--locked)" if locked else f"wrote {fetched.path}")

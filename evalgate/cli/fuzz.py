@@ -1,6 +1,6 @@
 """`evalgate fuzz` and `evalgate trace`: traffic as evidence (evalgate/bisect/fuzz.py, docs/traffic.md).
-Exit codes of fuzz, as the bisectors': 0 found and reproduced, 1 not found within the budget (or not
-reproduced), 2 bad input, 3 engine/infrastructure."""
+Exit codes of fuzz, as `check`'s: 0 nothing found within the budget, 1 found (reproduced or not: the report
+says), 2 bad input, 3 engine/infrastructure. (The bisectors' differ: 0 = the culprit found, docs/bisect.md.)"""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ def fuzz(suite: Optional[Path] = typer.Argument(None, help="Suite TOML file (eng
                                                "logprob bit) or tokens (bits-only drift is passed over); default: "
                                                "the suite's \\[gate] fail_on"),
          json_report: Optional[Path] = JsonOpt):
-    """Mutate the traffic around the gated requests until an output changes, then shrink it to a repro."""
+    """Mutate the traffic around the gated requests until an output changes, then shrink it to a repro.
+
+    Exit codes as check's: 0 nothing found, 1 found (with its repro), 2 bad input, 3 engine."""
     from ..bisect.fuzz import fuzz as run_fuzz
     from ..bisect.fuzz import parse_budget
     from ..configuration.suite_file import find_suite

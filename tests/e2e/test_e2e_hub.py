@@ -131,7 +131,8 @@ def test_a_builtin_lm_eval_task_is_fetched_then_gated_offline_at_its_locked_comm
 
     refused = offline("baseline", "create", suite, check=2)
     assert "evalgate fetch" in refused.stderr
-    hub_cli(cli, hub, project)("fetch", suite, "--no-progress", check=0)
+    fetched = hub_cli(cli, hub, project)("fetch", suite, "--no-progress", check=0)
+    assert f"lm_eval task 'sciq': dataset: allenai/sciq @ main: commit {first}" in fetched.stdout
     pins = {p["type"]: p for p in tomllib.loads((project / "evalgate.lock").read_text())["repo"]}
     assert (pins["dataset"]["repo"], pins["dataset"]["task"], pins["dataset"]["commit"]) == ("allenai/sciq", "sciq", first)
 
@@ -183,6 +184,19 @@ def test_init_with_a_hub_id_pins_the_commit_and_writes_a_workflow_that_brings_th
         assert proc.returncode == 0, f"{tool}: {proc.stdout}{proc.stderr}"
 
 
+def test_fetch_names_each_repo_by_the_field_that_names_it(cli, hub, tmp_path):
+    """A tokenizer from another repo is fetched and pinned, and printed as the tokenizer, not as a model."""
+    weights = hub.model(REPO).commit(directory_files(bare_model(tmp_path / "weights", seed=5)))
+    tokenizer = hub.model("acme/tok").commit({"tokenizer.json": b"{}", "tokenizer_config.json": b"{}"})
+    suite = write_suite(tmp_path / "project", REPO, ["hello"], kind="fake", concurrency=(1,), shuffles=0,
+                        extra_engine='tokenizer = "acme/tok"')
+    fetched = hub_cli(cli, hub, tmp_path / "project")("fetch", suite, "--no-progress", check=0)
+    assert f"engine.model: {REPO} @ main: commit {weights}" in fetched.stdout
+    assert f"engine.tokenizer: acme/tok @ main: commit {tokenizer}" in fetched.stdout
+    assert {p["repo"] for p in tomllib.loads((tmp_path / "project" / "evalgate.lock").read_text())["repo"]} == {
+        REPO, "acme/tok"}
+
+
 def test_an_adapter_named_as_a_hub_id_is_fetched_pinned_and_its_new_commit_explains_its_requests(cli, hub, tmp_path):
     """`[adapters] support = { path = "org/name", revision = ... }`: pinned in the lock beside the model, read
     offline from the cache; a new commit of the adapter explains its own requests and no other."""
@@ -201,9 +215,10 @@ def test_an_adapter_named_as_a_hub_id_is_fetched_pinned_and_its_new_commit_expla
     suite.write_text(suite.read_text().split("\n[lm_eval]")[0])
     project = tmp_path / "project"
     online, offline = hub_cli(cli, hub, project), hub_cli(cli, hub, project, **OFFLINE)
-    online("fetch", suite, "--no-progress", check=0)
+    fetched = online("fetch", suite, "--no-progress", check=0)
     pins = {p["repo"]: p["commit"] for p in tomllib.loads((project / "evalgate.lock").read_text())["repo"]}
     assert pins["acme/support-lora"] == first
+    assert f"adapters.support: acme/support-lora @ main: commit {first}" in fetched.stdout  # named by its role
     offline("baseline", "create", suite, check=0)
 
     adapter.commit({"adapter_config.json": config, "adapter_model.safetensors": b"support-2"})

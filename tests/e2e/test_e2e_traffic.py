@@ -177,9 +177,9 @@ def test_fuzz_finds_where_this_machine_varies_and_the_shrunk_trace_reproduces_in
     out = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (doc["status"] == "found" and doc["search_trials"] == 1) == seed.differs, out
     if doc["status"] != "found":
-        assert proc.returncode == 1 and doc["search_trials"] == 10, out
+        assert proc.returncode == 0 and doc["search_trials"] == 10, out  # as `check`: nothing found is a pass
         return
-    assert proc.returncode == 0 and doc["key"] == seed.key and doc["reproduced"] is True, out
+    assert proc.returncode == 1 and doc["key"] == seed.key and doc["reproduced"] is True, out
     # shrunk to a set no single event of which can be left out (ddmin's proof: every one-event removal tried)
     assert 1 <= doc["shrunk_events"] <= len(seed.lines) - 1 and doc["proven_minimal"] is True
     assert doc["trials"] - doc["search_trials"] >= doc["shrunk_events"]
@@ -206,11 +206,11 @@ def test_fuzz_on_tokens_finds_a_flip_where_plain_vllm_shows_one_and_else_reports
     assert doc["on"] == "tokens"
     assert (doc["status"] == "found" and doc["search_trials"] == 1) == seed.flips, out
     if seed.flips:
-        assert proc.returncode == 0 and doc["key"] == seed.key and doc["reproduced"] is True, out
+        assert proc.returncode == 1 and doc["key"] == seed.key and doc["reproduced"] is True, out
     elif seed.differs:  # bits only: the first trial drifts (plain vLLM shows it) and is passed over
         assert doc["drift_trials"] >= 1 and doc["drift_keys"] == [seed.key], out
         assert "passed over" in proc.stdout
     if doc["status"] == "found":  # a later trial's flip (a mutation): reproduced in a fresh engine, or it is no find
-        assert proc.returncode == 0 and doc["reproduced"] is True, out
+        assert proc.returncode == 1 and doc["reproduced"] is True, out
     else:
-        assert proc.returncode == 1, out
+        assert proc.returncode == 0, out

@@ -166,7 +166,7 @@ def test_fuzz_finds_a_planted_cancel_fault_shrinks_it_to_the_cancelled_neighbour
     suite = write_suite(tmp_path / "ws", fake_model, PROMPTS, max_tokens=8, kind="fake", concurrency=(1, 2),
                         extra_engine='fake_vary_with_cancel = ["p001"]')
     report = tmp_path / "f.json"
-    proc = inline_cli("fuzz", suite, "--budget", "2m", "--max-trials", "50", "--json-report", report, check=0)
+    proc = inline_cli("fuzz", suite, "--budget", "2m", "--max-trials", "50", "--json-report", report, check=1)
     doc = read_json(report)
     assert doc["status"] == "found" and doc["key"] == "p001" and doc["reproduced"] is True
     assert doc["search_trials"] <= 50 and "cancel" in doc["mutations"]
@@ -202,7 +202,7 @@ def test_fuzz_does_not_blame_a_cancel_that_batch_sharing_explains(inline_cli, tm
                     + json.dumps({"step": 0, "gated": True}) + "\n")
     report = tmp_path / "f.json"
     proc = inline_cli("fuzz", suite, "--key", "p001", "--trace", seed, "--max-trials", "5", "--json-report", report,
-                      check=0)
+                      check=1)
     doc = read_json(report)
     assert doc["status"] == "found" and doc["search_trials"] == 1 and doc["shrunk_events"] == 1
     assert doc["cause"] == "neighbours"
@@ -213,7 +213,7 @@ def test_fuzz_does_not_blame_a_cancel_that_batch_sharing_explains(inline_cli, tm
 def test_fuzz_without_a_fault_reports_not_found_with_the_trial_count(inline_cli, tmp_path, fake_model):
     suite = write_suite(tmp_path / "ws", fake_model, PROMPTS, max_tokens=8, kind="fake", concurrency=(1, 2))
     report = tmp_path / "f.json"
-    proc = inline_cli("fuzz", suite, "--max-trials", "20", "--json-report", report, check=1)
+    proc = inline_cli("fuzz", suite, "--max-trials", "20", "--json-report", report, check=0)  # as `check`: nothing found
     doc = read_json(report)
     assert (doc["status"], doc["search_trials"], doc["trials"]) == ("not_found", 20, 20)
     assert "NOT FOUND" in proc.stdout and "20 search trials" in proc.stdout and "--max-trials 20 reached" in proc.stdout
@@ -232,12 +232,12 @@ def test_fuzz_at_the_tokens_level_passes_over_drift_and_finds_a_planted_token_fl
     engine = 'fake_drift_with_batch = ["p000"]\nfake_vary_with_cancel = ["p001"]'
     suite = write_suite(tmp_path / "ws", fake_model, PROMPTS, max_tokens=8, kind="fake", concurrency=(1, 2),
                         extra_engine=engine)
-    inline_cli("fuzz", suite, "--budget", "2m", "--max-trials", "50", "--json-report", tmp_path / "bits.json", check=0)
+    inline_cli("fuzz", suite, "--budget", "2m", "--max-trials", "50", "--json-report", tmp_path / "bits.json", check=1)
     bits = read_json(tmp_path / "bits.json")
     assert (bits["on"], bits["key"], bits["search_trials"]) == ("bits", "p000", 1)  # the drift, at once
 
     proc = inline_cli("fuzz", suite, "--fail-on", "tokens", "--budget", "2m", "--max-trials", "50",
-                      "--json-report", tmp_path / "tokens.json", "--repro", tmp_path / "pack", check=0)
+                      "--json-report", tmp_path / "tokens.json", "--repro", tmp_path / "pack", check=1)
     doc = read_json(tmp_path / "tokens.json")
     assert (doc["on"], doc["status"], doc["key"], doc["reproduced"]) == ("tokens", "found", "p001", True)
     assert doc["search_trials"] > 1 and "cancel" in doc["mutations"]
@@ -249,6 +249,6 @@ def test_fuzz_at_the_tokens_level_passes_over_drift_and_finds_a_planted_token_fl
 
     # the suite's own [gate] fail_on is honoured without the flag
     suite.write_text(suite.read_text(encoding="utf-8") + '\n[gate]\nfail_on = "tokens"\n', encoding="utf-8")
-    inline_cli("fuzz", suite, "--budget", "2m", "--max-trials", "50", "--json-report", tmp_path / "gate.json", check=0)
+    inline_cli("fuzz", suite, "--budget", "2m", "--max-trials", "50", "--json-report", tmp_path / "gate.json", check=1)
     assert read_json(tmp_path / "gate.json")["key"] == "p001"
     inline_cli("fuzz", suite, "--fail-on", "words", check=2)
