@@ -7,6 +7,7 @@ requests and no other."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,12 +78,26 @@ def oracle(ws: Path, model: Path, requests: list[dict], env: dict[str, str]) -> 
     return {"control": first[:len(requests)], "mixed": first[len(requests):]}
 
 
-def test_adapters_are_identity_per_request_and_the_mix_factor_matches_plain_vllm(cli, tmp_path, tiny_model):
+@pytest.fixture(scope="module")
+def built_adapters(tmp_path_factory, tiny_model) -> Path:
+    """The three adapters, built once for the module (in process: one torch import); each test copies them."""
     from evalgate.models.adapter import build_adapter
 
+    root = tmp_path_factory.mktemp("adapters")
+    for name, seed in ADAPTERS.items():
+        build_adapter(tiny_model, root / name, seed=seed)
+    return root
+
+
+def workspace(tmp_path: Path, built_adapters: Path) -> Path:
     ws = tmp_path / "ws"
-    for name, seed in ADAPTERS.items():  # (in process: one torch import; the CLI builds the retrained one below)
-        build_adapter(tiny_model, ws / "adapters" / name, seed=seed)
+    shutil.copytree(built_adapters, ws / "adapters")
+    return ws
+
+
+def test_the_mix_factor_matches_plain_vllm_and_the_batch_bisector_takes_the_mixed_wave_apart(cli, tmp_path, tiny_model,
+                                                                                            built_adapters):
+    ws = workspace(tmp_path, built_adapters)
     suite = suite_file(ws, tiny_model)
     created = cli("baseline", "create", suite, "--json-report", tmp_path / "b.json", check=None)
     report = read_json(tmp_path / "b.json")
@@ -122,6 +137,11 @@ def test_adapters_are_identity_per_request_and_the_mix_factor_matches_plain_vllm
         print("bisect batch:", result["status"], result["minimal"], "reproduced" if result["reproduced"] else
               "not reproduced in a fresh engine")
 
+
+def test_adapters_are_identity_per_request_served_by_name_and_a_retrained_one_explains_its_own(cli, tmp_path, tiny_model,
+                                                                                              built_adapters):
+    ws = workspace(tmp_path, built_adapters)
+    requests = suite_requests()
     # identity, on a suite of the same requests each run alone (no probe: nothing here may vary)
     alone = suite_file(ws, tiny_model, name="identity.toml")
     alone.write_text(alone.read_text().replace('name = "test"', 'name = "identity"').replace('probes = ["adapter_mix"]', ""))
