@@ -9,6 +9,7 @@ The library's front door; the `evalgate` command wraps the same functions:
     # on another hardware class: evalgate.check(suite, against=3, adopt=True); report.hardware has the classes
     print(report.status, report.counts)              # "pass", {"stable": 12, "batch_variance": 0, ...}
     store = evalgate.open_store(suite.database)
+    # (the history without the model: evalgate.read_suite_header("evalgate.toml").database, [suite] alone)
     diff = evalgate.compare_runs(store, 3, 7)         # judge run 7 against run 3
     report = evalgate.stored_report(store, 7)         # the report stored with run 7, read back whole
     found = evalgate.fuzz("evalgate.toml", budget=600)  # traffic that changes an output, shrunk (FuzzResult)
@@ -28,6 +29,7 @@ __version__ = "0.1.0"
 _FRONT_DOOR = {
     "load_suite": "evalgate.configuration.suite",
     "Suite": "evalgate.configuration.suite",
+    "read_suite_header": "evalgate.configuration.suite",
     "create_baseline": "evalgate.gate",
     "check": "evalgate.gate",
     "merge": "evalgate.gate",

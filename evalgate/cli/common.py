@@ -98,10 +98,10 @@ def database_url_for(db: str | None, suite_path: Path | None) -> str:
     from ..configuration.suite_file import find_suite
 
     found = find_suite(suite_path, required=False)
-    if found is not None:
-        from ..configuration.suite import load_suite
+    if found is not None:  # the [suite] table alone: reading runs needs no model, lock or Hub
+        from ..configuration.suite import read_suite_header
 
-        return load_suite(found).database
+        return read_suite_header(found).database
     return resolve_database_url(DEFAULT_DATABASE, Path.cwd())
 
 

@@ -50,10 +50,10 @@ def runs_history(suite: Optional[str] = typer.Argument(None, help="A suite file,
 
     path = Path(suite) if suite else find_suite(required=False)
     if path is not None and holds_suite(path):
-        from ..configuration.suite import load_suite
+        from ..configuration.suite import read_suite_header
 
-        loaded = load_suite(path, database=db)
-        name, url = loaded.name, loaded.database
+        header = read_suite_header(path, database=db)  # the [suite] table alone: no model, lock or Hub
+        name, url = header.name, header.database
     elif suite:
         name, url = suite, database_url_for(db, None)
     else:

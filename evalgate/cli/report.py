@@ -14,11 +14,11 @@ from .common import console, err_console, handled, open_store_for
 def _suite_name(db: str | None, suite: Path | None) -> str | None:
     """The suite whose newest run `--latest` means: --suite's, else the working directory's (find_suite) when
     no --db is given."""
-    from ..configuration.suite import load_suite
+    from ..configuration.suite import read_suite_header
     from ..configuration.suite_file import find_suite
 
     found = find_suite(suite, required=False) if suite is not None or not db else None
-    return load_suite(found).name if found is not None else None
+    return read_suite_header(found).name if found is not None else None
 
 
 @handled

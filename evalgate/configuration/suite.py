@@ -176,13 +176,46 @@ def parse_probes(value, where: str, sec: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+@dataclass(frozen=True)
+class SuiteHeader:
+    """A suite file's [suite] table alone: its name and its store. All that the commands which only read runs
+    need (runs list/show/history, baseline list, report, pr-comment, diff): no model, lock, prompts or Hub, so a
+    teammate, a dashboard job or a PR-comment job reads the history without the model."""
+
+    name: str
+    path: Path
+    database: str  # the resolved URL
+
+
+def read_suite_header(path: str | Path, *, database: str | None = None) -> SuiteHeader:
+    """The [suite] table of a suite file, checked as load_suite checks it; `database` (--db) as in load_suite."""
+    path = _resolved(path)
+    data, prefix = evalgate_tables(path)
+    table = data.get("suite", {})
+    if not isinstance(table, dict):
+        raise fail(str(path), f"`{prefix}suite` must be a table", f"write it as [{prefix}suite]")
+    name, db_url = _suite_name_and_database(table, path, str(path), prefix)
+    return SuiteHeader(name, path, _database(database, db_url, path, prefix))
+
+
+def _resolved(path: str | Path) -> Path:
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: symlink loop (Python < 3.13)
+        raise ConfigError(f"{path}: cannot read suite file ({os_reason(exc)})", fix="check the path") from None
+
+
+def _database(given: str | None, written: str, path: Path, prefix: str) -> str:
+    """A database from the file is relative to the file; one given on the command line (--db), to the cwd."""
+    if given:
+        return resolve_database_url(given, Path.cwd(), where="--db")
+    return resolve_database_url(written, path.parent, where=f"{path}: `{prefix}suite.database`")
+
+
 def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     """Load and validate a suite file; `database` (e.g. --db) overrides the file's database URL, relative to the cwd.
     One reader per table, each naming the file, the field and the fix of every mistake."""
-    try:
-        path = Path(path).resolve()
-    except (OSError, RuntimeError) as exc:  # RuntimeError: symlink loop (Python < 3.13)
-        raise ConfigError(f"{path}: cannot read suite file ({os_reason(exc)})", fix="check the path") from None
+    path = _resolved(path)
     data, prefix = evalgate_tables(path)
     where = str(path)
     root = path.parent
@@ -225,11 +258,7 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
         schedule = dataclasses.replace(schedule, load=parse_load(tables["load"], where, f"{prefix}load.",
                                                                  schedule.concurrency, root))
 
-    # A database from the file is relative to the file; one given on the command line (--db), to the cwd.
-    if database:
-        db = resolve_database_url(database, Path.cwd(), where="--db")
-    else:
-        db = resolve_database_url(db_url, root, where=f"{where}: `{prefix}suite.database`")
+    db = _database(database, db_url, path, prefix)
     return Suite(
         name=name, path=path, model=engine.model, tokenizer=engine.tokenizer, engine_kind=kind,
         batch_invariant=engine.batch_invariant, engine_args=engine.engine_args, sampling=sampling,
@@ -255,9 +284,7 @@ def _serving_adapters(engine_cls, engine, adapters: dict[str, Adapter], where: s
 def _suite_table(table: dict, path: Path, where: str, prefix: str) -> tuple[str, str, list[Path]]:
     """[suite]: the name (default: the file's), the database URL as written, the declared code paths."""
     sec = f"{prefix}suite."
-    check_keys(table, SUITE_KEYS, where, sec)
-    name = typed(table, "name", str, where, sec, default=path.parent.name if prefix else path.stem)
-    db_url = typed(table, "database", str, where, sec, default=DEFAULT_DATABASE)
+    name, db_url = _suite_name_and_database(table, path, where, prefix)
     code_paths = []
     for item in typed(table, "code_paths", list, where, sec, default=[]):
         if not isinstance(item, str):
@@ -267,6 +294,14 @@ def _suite_table(table: dict, path: Path, where: str, prefix: str) -> tuple[str,
             raise fail(where, f"`{sec}code_paths` entry {item!r} does not exist ({p})", "fix or remove the path")
         code_paths.append(p)
     return name, db_url, code_paths
+
+
+def _suite_name_and_database(table: dict, path: Path, where: str, prefix: str) -> tuple[str, str]:
+    """[suite]'s name (default: the file's) and database URL as written; its keys checked."""
+    sec = f"{prefix}suite."
+    check_keys(table, SUITE_KEYS, where, sec)
+    name = typed(table, "name", str, where, sec, default=path.parent.name if prefix else path.stem)
+    return name, typed(table, "database", str, where, sec, default=DEFAULT_DATABASE)
 
 
 def _sampling_table(table: dict, where: str, sec: str) -> dict[str, Any]:

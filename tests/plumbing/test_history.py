@@ -56,3 +56,32 @@ def test_history_shows_each_runs_verdict_changes_and_metrics(inline_cli, tmp_pat
     assert strip.count('stroke="#000"') == 1 and re.search(rf'stroke="#000"[^>]*><title>run {rows[0]["run"]} ', strip)
     assert "t acc,none" in strip and strip.count("<circle") == 1  # one run's stored report has the metric
     assert "<script" not in html
+
+
+def test_the_history_reads_without_the_model_from_the_suite_table_alone(inline_cli, tmp_path, fake_model):
+    """A teammate, a dashboard or a PR-comment job with no model, no lock and no Hub (an empty Hugging Face
+    cache, offline): the commands that only read runs need the suite's [suite] table, nothing else."""
+    from helpers import InlineCLI
+
+    ws = tmp_path / "ws"
+    suite = write_suite(ws, fake_model, GREEN_PROMPTS[:3], concurrency=(1,), shuffles=0, kind="fake", name="team")
+    inline_cli("baseline", "create", suite, check=0)
+    inline_cli("check", suite, check=0)
+    # the suite as the team has it: a Hub model, on a machine that has neither it nor its lock
+    suite.write_text(suite.read_text(encoding="utf-8").replace(f'model = "{fake_model}"', 'model = "acme/private-model"'),
+                     encoding="utf-8")
+    laptop = InlineCLI({**inline_cli.env, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-hf")}, ws)
+    assert "evalgate fetch" in laptop("check", check=2).stderr  # the suite itself cannot load here
+
+    listed = json.loads(laptop("runs", "list", "--json", check=0).stdout)
+    assert [(r["run"], r["suite"]) for r in listed] == [(2, "team"), (1, "team")]
+    assert [r["run"] for r in json.loads(laptop("baseline", "list", "--json", check=0).stdout)] == [1]
+    history = json.loads(laptop("runs", "history", "--json", check=0).stdout)
+    assert [(r["run"], r["verdict"]) for r in history] == [(2, "pass"), (1, "pass")]
+    assert laptop("runs", "show", "2", check=0).stdout
+    assert laptop("diff", "1", "2", check=0).stdout
+    # --latest in the suite's folder: the newest run of the suite found there, no --suite needed
+    assert "wrote the report of run 2" in laptop("report", "--latest", "--html", tmp_path / "r.html", check=0).stdout
+    assert (tmp_path / "r.html").stat().st_size > 0
+    laptop("pr-comment", "--latest", "--dry-run", "--body-file", tmp_path / "c.md", check=0)
+    assert "evalgate" in (tmp_path / "c.md").read_text()
