@@ -373,6 +373,15 @@ def runtime_libraries(maps: Path = Path("/proc/self/maps")) -> dict[str, str]:
     return {name: ",".join(sorted(shas)) for name, shas in sorted(by_name.items())}
 
 
+
+def adapters_info(adapters: dict) -> dict:
+    """The suite component's info for its adapters: each one's path, and its modules a rescoring leaves out."""
+    info: dict = {"adapters": {n: str(a.path) for n, a in sorted(adapters.items())}}
+    unscored = {n: list(a.unscored) for n, a in sorted(adapters.items()) if a.unscored}
+    if unscored:
+        info["unscored"] = unscored
+    return info
+
 def build_fingerprint(suite, engine) -> dict[str, dict]:
     """All components for a run of `suite` on a loaded `engine`."""
     # An engine without a local model directory (a remote server) describes its model and tokenizer itself.
@@ -382,9 +391,9 @@ def build_fingerprint(suite, engine) -> dict[str, dict]:
         "tokenizer": own.get("tokenizer") or tokenizer_component(suite.tokenizer or suite.model),
         "engine": component({**engine.identity(), "renderers": renderer_versions()}),
         "code": code_component(suite.code_paths, suite.root),
-        # where each adapter's files were (info only: their content is the identity), for repro packs
-        "suite": component(suite.identity(), {"adapters": {n: str(a.path) for n, a in sorted(suite.adapters.items())}}
-                           if suite.adapters else None),
+        # where each adapter's files were (info only: their content is the identity), for repro packs; and the
+        # modules of each whose delta a rescoring leaves out (configuration/adapters.py), for judging across hardware
+        "suite": component(suite.identity(), adapters_info(suite.adapters) if suite.adapters else None),
         # the date the chat templates were rendered with, when one read it (configuration/template_date.py)
         "prompt": component(engine.template_clock.identity()),
         "hardware": hardware_component(),

@@ -24,18 +24,32 @@ ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 # An adapter's name is the model name a server serves it under: no spaces, slashes or `@` (request keys use it).
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ADAPTER_KEYS = {"path", "revision"}
+# Modules whose LoRA delta vLLM leaves out of `prompt_logprobs` (vllm#51594, open on vLLM 0.32): the output head and
+# the embeddings (`target_modules` or `modules_to_save`). A teacher-forced rescoring under such an adapter is the
+# base model's, so nothing built on rescoring may judge its requests (lm-eval loglikelihoods, across hardware).
+UNSCORED_MODULES = ("lm_head", "embed", "wte", "wpe")
 # The LoRA ranks vLLM accepts for `max_lora_rank` (vllm/config/lora.py); evalgate picks the smallest that fits.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 @dataclass(frozen=True)
 class Adapter:
-    """One LoRA adapter of the suite: its name, its directory, its rank and the sha256 of its files."""
+    """One LoRA adapter of the suite: its name, its directory, its rank and the sha256 of its files; `unscored`:
+    the modules it adapts whose delta vLLM's prompt_logprobs leaves out (UNSCORED_MODULES), if any."""
 
     name: str
     path: Path
     rank: int
     files: dict[str, str]
+    unscored: tuple[str, ...] = ()
+
+    @property
+    def unscored_reason(self) -> str:
+        """Why a rescoring under this adapter is not its own (for messages; "" when it is)."""
+        if not self.unscored:
+            return ""
+        return (f"adapter {self.name!r} adapts {', '.join(self.unscored)}, whose LoRA delta vLLM leaves out of "
+                "prompt_logprobs (vllm#51594): a rescoring under it is the base model's")
 
     @property
     def digest(self) -> str:
@@ -97,7 +111,17 @@ def read_adapter(name: str, path: Path, where: str, field: str) -> Adapter:
         raise fail(where, f"`{field}`: {path / ADAPTER_CONFIG} has no positive integer rank `r` (got {rank!r})", fix)
     if not any((path / weights).is_file() for weights in ADAPTER_WEIGHTS):
         raise fail(where, f"`{field}`: {path} has no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})", fix)
-    return Adapter(name, path, rank, adapter_files(path))
+    return Adapter(name, path, rank, adapter_files(path), unscored_modules(config))
+
+
+def unscored_modules(config: dict) -> tuple[str, ...]:
+    """The modules of a PEFT config (`target_modules`: a list or a regex; `modules_to_save`) that UNSCORED_MODULES
+    names."""
+    named = []
+    for key in ("target_modules", "modules_to_save"):
+        value = config.get(key) or []
+        named += [value] if isinstance(value, str) else [str(v) for v in value if isinstance(v, str)]
+    return tuple(sorted({m for m in named if any(part in m for part in UNSCORED_MODULES)}))
 
 
 def lora_rank_for(ranks: list[int]) -> int:

@@ -140,13 +140,14 @@ def classify(divergence, decode_delta: float | None, here: Completion | None, de
     return ("near_tie" if near else "confident"), gap
 
 
-def envelope(here: RunRecord | None, there: RunRecord | None) -> dict[str, Any] | None:
-    """Max and p99 of |Δ logprob| per position between the two rescorings, over every request in both."""
+def envelope(here: RunRecord | None, there: RunRecord | None, skip: frozenset[str] | set[str] = frozenset()) -> dict[str, Any] | None:
+    """Max and p99 of |Δ logprob| per position between the two rescorings, over every request in both (but `skip`:
+    requests whose rescorings are not their own)."""
     import numpy as np
 
     if here is None or there is None:
         return None
-    keys = [key for key in here.digests if key in there.digests]
+    keys = [key for key in here.digests if key in there.digests and key not in skip]
     here.prefetch(keys)
     there.prefetch(keys)
     found = [d for d in (position_deltas(rescoring_of(k, here), rescoring_of(k, there)) for k in keys) if d is not None]
@@ -169,6 +170,7 @@ def across_hardware(verdicts: list[RequestVerdict], current: RunRecord, baseline
     machine = {"hardware"} | ({"engine"} if machine_bound(baseline, current) else set())
     compared = 0
     keys = [v.key for v in verdicts if v.verdict in BASELINE_DIFFERENCES]
+    unscored = unscored_requests(current)  # key -> adapter: a rescoring under it is the base model's (vllm#51594)
     for record in (here, there):
         if record is not None:
             record.prefetch(keys)
@@ -185,6 +187,8 @@ def across_hardware(verdicts: list[RequestVerdict], current: RunRecord, baseline
         mine, theirs = ((cur_out, base_out) if scoring else (rescoring_of(v.key, here), rescoring_of(v.key, there)))
         if mine is not None and base_out is not None and not _rescores(mine, base_out):
             mine = theirs = None  # a rescoring of other tokens (a baseline promoted with variance) decides nothing
+        if v.key in unscored:
+            mine = theirs = None  # not the adapter's own scores: the decode logprobs alone decide, a flip is confident
         across, gap = classify(v.divergence, v.max_delta, mine, position_deltas(mine, theirs), tolerance)
         counts[across] += 1
         unexplained = set(v.components) <= machine and (policy.other_hardware == "exact" or across == "confident")
@@ -201,12 +205,30 @@ def across_hardware(verdicts: list[RequestVerdict], current: RunRecord, baseline
                      "check): the envelope is not measured, and only ε and the decode logprobs decide")
     if here is None:
         notes.append("this check has no rescoring of the baseline's tokens: every flip is confident")
+    for adapter, modules in sorted(_unscored_adapters(current).items()):
+        if adapter in unscored.values():
+            notes.append(f"requests under adapter {adapter!r} ({', '.join(modules)}: vLLM leaves that LoRA delta out of "
+                         "prompt_logprobs, vllm#51594) are judged without rescoring: their decode logprobs decide a "
+                         "drift, and every token flip is confident")
     return decided, AcrossHardware(
         baseline_class=baseline.run.hardware_class, baseline_label=hardware_label(baseline.fingerprint.get("hardware") or {}),
         here_class=current.run.hardware_class, here_label=hardware_label(current.fingerprint.get("hardware") or {}),
         mode=policy.other_hardware, tolerance=tolerance, counts=counts, compared=compared,
-        envelope=envelope(here, there), flips=flips, notes=notes)
+        envelope=envelope(here, there, skip=set(unscored)), flips=flips, notes=notes)
 
+
+
+def _unscored_adapters(record: RunRecord) -> dict[str, list[str]]:
+    """The run's adapters whose rescorings leave out a module's delta (fingerprint.adapters_info): name -> modules."""
+    return ((record.fingerprint.get("suite") or {}).get("info") or {}).get("unscored") or {}
+
+
+def unscored_requests(record: RunRecord) -> dict[str, str]:
+    """The run's requests under such an adapter: key -> adapter (the suite component's adapters section)."""
+    adapters = _unscored_adapters(record)
+    section = ((record.fingerprint.get("suite") or {}).get("data") or {}).get("adapters") or {}
+    return {key: entry["adapter"] for key, entry in (section.get("requests") or {}).items()
+            if entry.get("adapter") in adapters}
 
 def machine_bound(baseline: RunRecord, current: RunRecord) -> bool:
     """Whether the engine components differ only where the machine decides (MACHINE_KEYS)."""

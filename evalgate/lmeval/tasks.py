@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..configuration.lock import FETCH_FIX, HUB_ID, LOCK_FILE, Pin, locked_snapshot, read_lock
+from ..configuration.prompts import SCORING_TYPES
 from ..configuration.suite import LmEvalConfig, Suite
 from ..errors import ConfigError, EvalgateError, MissingDependency
 from ..hashing import digest, jsonable
@@ -313,6 +314,7 @@ class TaskRun:
         }
         adapter = self.prepared.config.adapter  # [lm_eval] adapter: every task request runs under it
         if adapter:
+            _refuse_unscored(suite, adapter, requests)
             requests = [replace(p, adapter=adapter) for p in requests]
         return replace(suite, prompts=[*suite.prompts, *requests], task_identity=self.identity)
 
@@ -356,6 +358,19 @@ def _finite(value) -> float | None:
         return None
     return float(value)
 
+
+
+def _refuse_unscored(suite: Suite, adapter: str, requests) -> None:
+    """A loglikelihood is a teacher-forced rescoring: under an adapter whose output head or embeddings vLLM leaves
+    out of prompt_logprobs it would score the base model, silently. Refused before anything runs (exit 2)."""
+    reason = suite.adapters[adapter].unscored_reason
+    scoring = sorted({p.request_type for p in requests if p.request_type in SCORING_TYPES})
+    if reason and scoring:
+        tasks = sorted({p.key.split("/")[0] for p in requests if p.request_type in SCORING_TYPES})
+        raise ConfigError(f"{suite.path}: `[lm_eval] adapter` = {adapter!r}, and {', '.join(tasks)} ask for "
+                          f"{' and '.join(scoring)} requests: {reason}, so these would be scored without the adapter",
+                          fix="run the loglikelihood tasks under an adapter that leaves out lm_head and the embeddings "
+                              "(or none), and keep generation tasks under this one")
 
 def _docs_by_task(lm) -> dict[str, dict]:
     """Each task's documents as lm-eval evaluated them (doc_id -> doc), from the recorded instances: the

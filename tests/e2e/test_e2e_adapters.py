@@ -24,6 +24,7 @@ RUN_UNDER = ["base", "a", "b"]
 ADAPTERS = {"a": 1, "b": 2, "c": 3}  # name -> build seed
 MAX_TOKENS = 6
 MIX_BATCH = 4
+EXAMPLE_TASKS = Path(__file__).resolve().parents[2] / "examples" / "lm_eval" / "tasks"
 
 
 def suite_file(ws: Path, model: Path, *, kind: str = "vllm", name: str = "evalgate.toml") -> Path:
@@ -169,3 +170,32 @@ def test_adapters_are_identity_per_request_served_by_name_and_a_retrained_one_ex
 def db_passes(db: str) -> list[dict]:
     [(schedule,)] = db_query(db, "select schedule from runs where id = 1")
     return (json.loads(schedule) if isinstance(schedule, str) else schedule)["passes"]
+
+
+def test_loglikelihood_tasks_under_an_adapter_of_the_output_head_are_refused_and_generation_is_not(cli, tmp_path,
+                                                                                                   tiny_model):
+    """A loglikelihood is a teacher-forced rescoring, and vLLM leaves an adapter's lm_head delta out of
+    prompt_logprobs (vllm#51594): lm-eval's scores under such an adapter would be the base model's. Exit 2 before
+    anything runs, naming the adapter, the module and the cause; generation tasks under it run. (The fake
+    engine over the tiny model's files: lm-eval needs its tokenizer; no vLLM.)"""
+    ws = tmp_path / "ws"
+    (ws / "support").mkdir(parents=True)
+    (ws / "support" / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8,
+                                                                    "target_modules": ["q_proj", "lm_head"]}))
+    (ws / "support" / "adapter_model.safetensors").write_bytes(b"support")
+    suite = write_suite(ws, tiny_model, ["hello"], max_tokens=4, kind="fake", concurrency=(1,), shuffles=0,
+                        hot_pass=False)
+    suite.write_text(suite.read_text() + '\n[adapters]\nsupport = "support"\n')
+    shutil.copytree(EXAMPLE_TASKS, ws / "tasks")
+    text = suite.read_text()
+    suite.write_text(text + '\n[lm_eval]\ninclude_path = ["tasks"]\ntasks = ["evalgate_capitals"]\nlimit = 2\n'
+                            'adapter = "support"\n')
+    refused = cli("baseline", "create", suite, check=2)
+    message = " ".join(refused.stderr.split())
+    assert "`[lm_eval] adapter` = 'support'" in message and "evalgate_capitals ask for loglikelihood" in message
+    assert "adapts lm_head" in message and "vllm#51594" in message
+    assert not (ws / "evalgate.sqlite").exists() or db_query(database_url(suite), "select count(*) from runs") == [(0,)]
+
+    suite.write_text(text + '\n[lm_eval]\ninclude_path = ["tasks"]\ntasks = ["evalgate_arith"]\nlimit = 2\n'
+                            'adapter = "support"\n')
+    cli("baseline", "create", suite, check=0)  # generation: the adapter's own decode, nothing rescored

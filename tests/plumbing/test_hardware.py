@@ -162,3 +162,29 @@ def test_shards_on_two_hardware_classes_merge_into_one_verdict_per_class(inline_
     planted = {"p000": "drift", "p001": "near_tie", "p004": "drift"}
     across = {r["key"]: r["across"] for r in merged["requests"]}
     assert across and all(planted[key] == cls for key, cls in across.items())
+
+
+def test_a_request_under_an_adapter_of_the_output_head_is_judged_without_rescoring(inline_cli, tmp_path, fake_model,
+                                                                                   monkeypatch):
+    """vLLM leaves an adapter's lm_head (and embedding) delta out of prompt_logprobs (vllm#51594): a rescoring
+    under such an adapter is the base model's. Across hardware its requests are judged on their decode logprobs
+    alone (a flip is confident, the report says why), never on that rescoring; a request under an adapter of other
+    modules is judged as before."""
+    ws = tmp_path / "ws"
+    for name, modules in (("head", ["q_proj", "lm_head"]), ("attn", ["q_proj", "v_proj"])):
+        (ws / name).mkdir(parents=True)
+        (ws / name / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "target_modules": modules}))
+        (ws / name / "adapter_model.safetensors").write_bytes(name.encode())
+    lines = [{"id": f"p{i:03d}", "prompt": p} for i, p in enumerate(PROMPTS)]
+    lines[1]["adapter"], lines[2]["adapter"] = "head", "attn"
+    suite = write_suite(ws, fake_model, lines, concurrency=(1, 3), shuffles=0, kind="fake", max_tokens=8,
+                        extra_engine='fake_hardware_near_tie = ["p001", "p002"]')
+    suite.write_text(suite.read_text(encoding="utf-8") + '\n[adapters]\nhead = "head"\nattn = "attn"\n', encoding="utf-8")
+    inline_cli("baseline", "create", suite, check=0)
+
+    monkeypatch.setenv(*OTHER_CLASS)
+    proc = inline_cli("check", suite, "--json-report", tmp_path / "c.json", check=1)
+    section = read_json(tmp_path / "c.json")["hardware"]
+    assert {f["key"]: f["class"] for f in section["flips"]} == {"p001": "confident", "p002": "near_tie"}, proc.stdout
+    assert any("adapter 'head'" in note and "lm_head" in note and "vllm#51594" in note for note in section["notes"])
+    assert section["envelope"]["requests"] == len(PROMPTS) - 1  # its rescorings measure nothing of the hardware
