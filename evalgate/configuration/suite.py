@@ -18,7 +18,6 @@ from ..hashing import digest
 from ..registry import ENGINES, PROBE_PRESETS, PROBES
 from .adapters import BASE_MODEL, Adapter, adapter_choices, adapter_source, lora_settings, parse_adapters
 from .config import (
-    COMMON_KEYS,
     DEFAULT_DATABASE,
     check_keys,
     evalgate_tables,
@@ -39,8 +38,6 @@ from .prompts import SCORING_TYPES, Prompt, load_prompts
 from .schedule import FULL, PRESETS, ROTATING, Schedule, rotating_problem
 from .template_date import AUTO, parse_template_date
 
-# Keys of [engine] that evalgate itself reads for every kind (each kind adds its own).
-ENGINE_OWN_KEYS = COMMON_KEYS
 SAMPLING_KEYS = {
     "temperature": (int, float),
     "top_p": (int, float),

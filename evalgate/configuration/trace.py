@@ -470,13 +470,8 @@ def convert_log(path: Path) -> Trace:
     return Trace(tuple(events), "at", str(path))
 
 
-def trace_record(trace: Trace) -> dict[str, Any]:
-    """What a run stores of a trace: its summary and shape (lengths and offsets, never text)."""
-    return {**trace.summary(), "source": trace.source}
-
-
 __all__ = ["DEFAULT_STEP_SECONDS", "Cancel", "Event", "Place", "Trace", "TraceRequest", "arrival_order", "convert_log", "gated_places",
-           "load_trace", "materialize", "parse_trace", "trace_record"]
+           "load_trace", "materialize", "parse_trace"]
 
 
 # How a replay places a trace's events (evalgate/execution/replay.py): between engine steps, or at offsets in seconds

@@ -21,11 +21,6 @@ if TYPE_CHECKING:
 BUILTIN_ENGINES = ENGINES.builtin  # the name table lives on the ground floor (evalgate/registry.py)
 
 
-def engine_kinds() -> dict[str, str]:
-    """Every known kind -> "module:Class": the built-in ones, then those of installed plugins."""
-    return ENGINES.targets()
-
-
 def engine_class(kind: str) -> type[Engine]:
     """The class registered for `kind` (an unknown kind: ConfigError naming the known ones)."""
     return ENGINES.load(kind)
@@ -37,4 +32,4 @@ def start_engine(suite: Suite) -> Engine:
 
 
 __all__ = ["BUILTIN_ENGINES", "COMMON_KEYS", "INVARIANCE_PLATFORMS", "Engine", "EngineConfig",
-           "arrange_batch_invariance", "engine_class", "engine_kinds", "start_engine"]
+           "arrange_batch_invariance", "engine_class", "start_engine"]
