@@ -648,7 +648,7 @@ def _store_result(url: str, report: CostReport, result: CandidateResult) -> None
 
 def write_json(report: CostReport, path: str | Path) -> None:
     """The JSON report (schema `evalgate.cost/1`, docs/cost.md), written atomically."""
-    from .reports.atomic import write_text_atomic
+    from .atomic import write_text_atomic
 
     write_text_atomic(path, json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
 
@@ -663,7 +663,7 @@ def require_matplotlib() -> None:
 def write_plot(report: CostReport, path: str | Path) -> None:
     """Output tokens/s against concurrency, one line per measured candidate; invariant ones drawn solid
     with a star. Written atomically (a temporary file renamed into place)."""
-    from .reports.atomic import atomic_path
+    from .atomic import atomic_path
 
     require_matplotlib()
     import matplotlib

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .atomic import write_text_atomic
 from .hashing import digest
 from .hub_cache import hub_origin
 
@@ -130,10 +131,7 @@ def hash_files(paths: dict[str, Path]) -> dict[str, str]:
     hashes = {name: file_sha256(p, cache) for name, p in sorted(paths.items())}
     if len(cache) != before:
         try:
-            cache_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(cache))
-            tmp.replace(cache_path)
+            write_text_atomic(cache_path, json.dumps(cache))
         except OSError:
             pass  # the cache is an optimisation only
     return hashes

@@ -414,8 +414,8 @@ def _verify_job(*, setup: SearchSetup, search: FuzzSearch, found: FuzzResult, pr
 def write_pack(directory: Path, suite: Suite, result: FuzzResult) -> Path:
     """trace.jsonl (the shrunk events, in steps), request.json, outputs.json, engine.json, repro.py (plain
     vLLM, no evalgate) and README.md."""
+    from ..atomic import atomic_path
     from ..fingerprint import env_snapshot
-    from ..reports.atomic import atomic_path
 
     prompt = next(p for p in suite.prompts if p.key == result.key)
     directory.mkdir(parents=True, exist_ok=True)

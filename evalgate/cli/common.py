@@ -174,7 +174,7 @@ def finish(result, json_report: Path | None) -> None:
     for line in result.lines():
         console.print(line, markup=False, soft_wrap=True)
     if json_report:
-        from ..reports.atomic import atomic_path
+        from ..atomic import atomic_path
 
         with atomic_path(json_report) as tmp:
             tmp.write_text(json.dumps(result.to_dict(), indent=2, default=str), encoding="utf-8")

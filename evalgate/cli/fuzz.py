@@ -46,8 +46,8 @@ def convert(log: Path = typer.Argument(..., help="A log of your traffic: JSONL o
                                        "prompt_tokens and output_tokens per request"),
             output: Path = typer.Option(..., "--output", "-o", help="The trace file to write")):
     """Turn a log of your own traffic into a trace: lengths and arrival times only, never text."""
+    from ..atomic import atomic_path
     from ..configuration.trace import convert_log
-    from ..reports.atomic import atomic_path
 
     trace = convert_log(log)
     with atomic_path(output) as tmp:

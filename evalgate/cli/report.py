@@ -29,8 +29,8 @@ def report(run_id: Optional[int] = typer.Argument(None, help="The run to report 
            suite: Optional[Path] = typer.Option(None, "--suite", help="Take the database (and, with --latest, the "
                                                                     "suite name) from this suite file")):
     """Write a stored run as one self-contained HTML file: verdicts, fingerprint changes, token diffs."""
+    from ..atomic import write_text_atomic
     from ..judgement.judging import stored_report
-    from ..reports.atomic import write_text_atomic
     from ..reports.html import build_html
 
     store, run_id = chosen_run(run_id, latest, db, suite, "report")
@@ -68,9 +68,9 @@ def pr_comment(run_id: Optional[int] = typer.Argument(None, help="The run to com
     A token that cannot write (a fork PR) is noted in the job summary instead; exit 0 either way."""
     import os
 
+    from ..atomic import write_text_atomic
     from ..judgement.judging import stored_report
     from ..reports import github
-    from ..reports.atomic import write_text_atomic
     from ..reports.pr_comment import CannotComment, comment_body, environment_token, fallback_note, post_or_update, pull_request, run_url
 
     store, run_id = chosen_run(run_id, latest, db, suite, "pr-comment")

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..atomic import write_text_atomic
 from ..errors import ConfigError
 from ..fingerprint import hash_files
 from ..hub_cache import hub_cache, snapshot_dir
@@ -114,9 +115,7 @@ def write_lock(root: Path, lock: Lock) -> Path:
         repos.append(tomlkit.item(pin.to_dict()))
     document.add("repo", repos)
     path = lock_path(root)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(tomlkit.dumps(document), encoding="utf-8")
-    temporary.replace(path)
+    write_text_atomic(path, tomlkit.dumps(document))
     return path
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..atomic import write_text_atomic
 from ..errors import ConfigError
 
 SUITE_FILE = "evalgate.toml"  # the default suite file, in the working directory
@@ -63,6 +64,4 @@ def add_engine_settings(path: Path, settings: dict, why: str) -> None:
         for whitespace in trailing:
             engine.add(whitespace)
     text = tomlkit.dumps(document)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    temporary.replace(path)  # all or nothing: a suite is never left half-written
+    write_text_atomic(path, text)  # all or nothing: a suite is never left half-written

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..atomic import write_text_atomic
 from ..judgement.report import Report
-from .atomic import write_text_atomic
 
 
 def write_json(report: Report, path: str | Path, extra: dict | None = None) -> None:

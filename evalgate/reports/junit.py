@@ -17,9 +17,9 @@ import xml.etree.ElementTree as ET
 from collections import OrderedDict
 from pathlib import Path
 
+from ..atomic import write_text_atomic
 from ..judgement.report import Report
 from ..judgement.verdict import RequestVerdict
-from .atomic import write_text_atomic
 from .explain import delta_text, failure_text, number_text, one_line, paired_text, split_location
 
 _ILLEGAL_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")

@@ -1,5 +1,5 @@
-"""Writing report files atomically: a temporary file renamed into place, so a CI step never reads half a
-report (JSON, JUnit, HTML, the cost plot)."""
+"""Writing files atomically: a temporary file beside the target, renamed into place only once written whole, so
+nobody reads half a file (a report in a CI step, the lock, a suite file evalgate edits, the hash cache)."""
 
 from __future__ import annotations
 
