@@ -26,8 +26,8 @@ def main() -> None:
 
     from evalgate import gate
     from evalgate.configuration.suite import load_suite
-    from evalgate.execution.request import Timings
     from evalgate.models.tinymodel import cached_model
+    from evalgate.timings import Timings
 
     concurrency = [int(c) for c in args.concurrency.split(",")]
     rows = []

@@ -61,7 +61,7 @@ def emulation() -> tuple[str, str]:
 
 
 def timed(label: str, call) -> tuple[float, dict]:
-    from evalgate.execution.request import Timings
+    from evalgate.timings import Timings
 
     timings = Timings()
     t0 = time.perf_counter()

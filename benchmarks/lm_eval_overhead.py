@@ -27,8 +27,8 @@ def main() -> None:
 
     from evalgate import gate
     from evalgate.configuration.suite import load_suite
-    from evalgate.execution.request import Timings
     from evalgate.models.tinymodel import cached_model
+    from evalgate.timings import Timings
 
     work = Path(tempfile.mkdtemp(prefix="evalgate-bench-lm-eval-"))
     shutil.copytree(EXAMPLE / "tasks", work / "tasks")

@@ -78,10 +78,11 @@ def main() -> None:
 
     from evalgate.configuration.suite import load_suite
     from evalgate.engines import start_engine
-    from evalgate.execution.request import RunRequest, Timings
+    from evalgate.execution.request import RunRequest
     from evalgate.execution.runner import TURN_ENV, record_run
     from evalgate.models.tinymodel import cached_model
     from evalgate.store import open_store
+    from evalgate.timings import Timings
 
     load = os.getloadavg()[0]
     model = cached_model("tiny")

@@ -14,7 +14,7 @@ from .configuration.shard import Shard
 from .configuration.suite import Suite
 from .configuration.template_date import dated, recorded_template_date
 from .errors import ConfigError, EngineError
-from .execution.request import Progress, RunRequest, Timings
+from .execution.request import Progress, RunRequest
 from .execution.rescore import Rescore
 from .execution.worker import execute_in_worker
 from .fingerprint import component
@@ -22,6 +22,7 @@ from .fingerprint import delta as fingerprint_delta
 from .judgement.judging import Judging, combine, compare_runs, judge_and_store, stored_report
 from .judgement.report import Report
 from .store import Run, RunRecord, Store, existing_store, open_store
+from .timings import Timings
 
 __all__ = ["accept", "adopt_run", "check", "compare_runs", "create_baseline", "merge"]
 

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 from .configuration.schedule import FULL, Schedule
 from .configuration.suite import Suite
-from .execution.request import Progress, RunRequest, Timings
+from .execution.request import Progress, RunRequest
 from .gate import execute_and_judge, suite_database
 from .judgement.factors import remedy_settings
 from .judgement.judging import Judging
 from .judgement.report import Report
 from .store import existing_store
+from .timings import Timings
 
 SURVEY_KIND = "survey"
 

@@ -7,10 +7,10 @@ way relays its fields one by one. The child answers with a `RunResult`.
 
 from __future__ import annotations
 
-import contextlib
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from ..timings import Timings
 
 if TYPE_CHECKING:
     from ..configuration.schedule import Schedule
@@ -22,26 +22,6 @@ if TYPE_CHECKING:
 Progress = Callable[[int, int, str], None]
 
 BISECT_KIND = "bisect"  # a bisector's trial run: never judged against a baseline
-
-
-class Timings(dict):
-    """Seconds spent per phase (`engine_load`, `inference`, `evalgate`), plus `passes`: per-pass figures
-    (concurrency, requests, output tokens, seconds, wave seconds). Stored with the run; read by benchmarks/."""
-
-    def phases(self) -> dict[str, float]:
-        return {k: v for k, v in self.items() if isinstance(v, float)}
-
-    def add(self, phase: str, seconds: float) -> None:
-        self[phase] = self.get(phase, 0.0) + seconds
-
-    @contextlib.contextmanager
-    def phase(self, phase: str):
-        """Add the time spent in the `with` block to `phase`."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add(phase, time.perf_counter() - t0)
 
 
 @dataclass(frozen=True)

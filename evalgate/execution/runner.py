@@ -24,8 +24,9 @@ from ..fingerprint import build_fingerprint
 from ..probes import Wave, WaveContext, get_probe
 from ..records import Completion
 from ..store import Store
+from ..timings import Timings
 from .replay import Salts
-from .request import Progress, RunRequest, Timings
+from .request import Progress, RunRequest
 from .rescore import rescore_run
 from .traffic import Traffic, traffic_for
 

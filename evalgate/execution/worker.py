@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Mapping
 from ..errors import ConfigError, EngineError, EvalgateError, error_for_exit_code
 from ..owners import current_owner
 from ..processes import set_parent_death_signal
-from .request import Progress, RunRequest, RunResult, Timings
+from ..timings import Timings
+from .request import Progress, RunRequest, RunResult
 from .runner import execute_suite
 
 if TYPE_CHECKING:

@@ -18,10 +18,10 @@ from ..configuration.policy import GatePolicy
 from ..configuration.schedule import ROTATING, passes_of
 from ..configuration.shard import Shard
 from ..errors import ConfigError
-from ..execution.request import Timings
 from ..fingerprint import delta as fingerprint_delta
 from ..fingerprint import describe_changes, hardware_label
 from ..store import BASELINE_RESCORING, OWN_RESCORING, RunRecord, Store
+from ..timings import Timings
 from .adapters import describe_adapters
 from .hardware import across_hardware
 from .prompts import prompts_compared
