@@ -80,15 +80,28 @@ def rescoring_prompt(key: str, prompt_ids: list[int], output_ids: list[int]) -> 
                   location="rescoring")
 
 
-def rescore_run(rescore: Rescore, engine: Engine, store: Store, run_id: int, prompt_ids: dict[str, list[int]],
-                salt: str | None, first_pass: dict[str, Completion]) -> None:
-    """The rescorings a run records, on the engine that ran its passes (before a probe replaces it): the
-    run's requests' prompt ids (key -> ids) under its cache salt."""
+@dataclass(frozen=True)
+class RecordedRun:
+    """The run a rescoring belongs to, as the runner has it: where it is stored, its requests' prompt ids
+    (key -> ids), its cache salt and its first pass's outputs (the tokens it rescores of its own)."""
+
+    store: Store
+    run_id: int
+    prompt_ids: dict[str, list[int]]
+    salt: str | None
+    first_pass: dict[str, Completion]
+
+
+def rescore_run(rescore: Rescore, engine: Engine, run: RecordedRun) -> None:
+    """The rescorings a run records, on the engine that ran its passes (before a probe replaces it), under the
+    run's cache salt."""
     done: dict[str, Completion] = {}
     if rescore.of_run is not None:
-        theirs = score(engine, tokens_of_run(store, rescore.of_run, set(prompt_ids)), salt, BASELINE_RESCORING)
-        store.add_outputs(run_id, theirs)
+        tokens = tokens_of_run(run.store, rescore.of_run, set(run.prompt_ids))
+        theirs = score(engine, tokens, run.salt, BASELINE_RESCORING)
+        run.store.add_outputs(run.run_id, theirs)
         done = {c.key: c for c in theirs}
     if rescore.own:
         # where this run chose the baseline's tokens, their rescoring here is this run's own too
-        store.add_outputs(run_id, score(engine, tokens_of(first_pass, prompt_ids), salt, OWN_RESCORING, done))
+        own = score(engine, tokens_of(run.first_pass, run.prompt_ids), run.salt, OWN_RESCORING, done)
+        run.store.add_outputs(run.run_id, own)

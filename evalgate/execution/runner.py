@@ -27,7 +27,7 @@ from ..store import Store
 from ..timings import Timings
 from .replay import Salts
 from .request import Progress, RunRequest
-from .rescore import rescore_run
+from .rescore import RecordedRun, rescore_run
 from .traffic import Traffic, traffic_for
 
 OnRun = Callable[[int], None]  # called with the run id once the run row exists
@@ -356,8 +356,8 @@ class Recording:
         self.rescored = True
         try:
             with self.timings.phase("rescore"):
-                rescore_run(rescore, self.engine, self.store, self.run_id, self.plan.prompt_ids, self.plan.salt,
-                            self.first_pass)
+                rescore_run(rescore, self.engine, RecordedRun(self.store, self.run_id, self.plan.prompt_ids,
+                                                              self.plan.salt, self.first_pass))
         except EngineError as exc:  # the run stands; judging it across hardware then lacks the envelope
             self.dropped.append((None, f"the engine could not score the tokens: {exc.message}"))
 
