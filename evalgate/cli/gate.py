@@ -126,19 +126,18 @@ def _run(kind: str, suite_file, options: RunOptions, **kwargs):
                 report = gate.check(suite, schedule=schedule, progress=update,
                                     shard=parse_shard(shard) if shard else None, group=group,
                                     show_engine_output=verbose, **kwargs)
-        changes = report.fingerprint_changes
     except BaseException as exc:
         if _is_infra(exc):
             _infra_outputs(exc, kind, suite.name, junit, started, timestamp)
         raise
-    render_report(console, report, changes)
+    render_report(console, report)
     if json_report:
-        write_json(report, json_report, {"fingerprint_changes": changes})
+        write_json(report, json_report)
     if junit:
         write_junit(report, junit, suite_file=suite.path, duration=time.monotonic() - started,
-                    fingerprint_changes=changes, timestamp=timestamp, hostname=socket.gethostname())
+                    timestamp=timestamp, hostname=socket.gethostname())
     try:
-        github.publish(report, changes)
+        github.publish(report)
     except OSError as exc:  # an unwritable $GITHUB_STEP_SUMMARY must not turn a verdict into exit 3
         err_console.print(f"[yellow]warning:[/] could not append the GitHub job summary: {exc}")
     raise typer.Exit(int(report.exit_code))

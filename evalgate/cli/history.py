@@ -118,7 +118,7 @@ def runs_show(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = Su
         console.print(f"  [bold]{sc['task']}[/] {sc['metric']} = {sc['value']}" + (f" ± {sc['stderr']:.3g}" if sc["stderr"] else ""))
     if report is not None:  # the report the run was judged with, read back as written
         console.print()
-        render_report(console, report, report.fingerprint_changes)
+        render_report(console, report)
 
 
 @handled
@@ -168,7 +168,6 @@ def diff(run_a: int, run_b: int, db: Optional[str] = DbOpt, suite: Optional[Path
 
     store = open_store_for(db, suite)
     report = compare_runs(store, run_a, run_b)
-    changes = report.fingerprint_changes
-    render_report(console, report, changes)
+    render_report(console, report)
     if json_report:
-        write_json(report, json_report, {"fingerprint_changes": changes})
+        write_json(report, json_report)

@@ -127,8 +127,7 @@ def _ordered_differences(report: Report) -> list[RequestVerdict]:
     return failing + [v for v in differing if not is_failure(v.verdict, report.strict)]
 
 
-def step_summary(report: Report, fingerprint_changes: Mapping[str, str] | None = None,
-                 max_rows: int = MAX_SUMMARY_ROWS) -> str:
+def step_summary(report: Report, max_rows: int = MAX_SUMMARY_ROWS) -> str:
     """The Markdown appended to `$GITHUB_STEP_SUMMARY` for one `check` / `baseline create`."""
     passed = not report.failing and not report.failing_metrics
     lines = [f"## evalgate {report.kind}: {'PASS' if passed else 'FAIL'}", ""]
@@ -143,7 +142,7 @@ def step_summary(report: Report, fingerprint_changes: Mapping[str, str] | None =
                          f"{', '.join(report.changed_components)}")
             lines.append("")
             for name in report.changed_components:
-                change = (fingerprint_changes or {}).get(name)
+                change = report.fingerprint_changes.get(name)
                 lines.append(f"- {name}" + (f": {md_text(change)}" if change else ""))
         else:
             lines.append(f"**identity unchanged** since baseline run {report.baseline_run_id} ({STACK_NAMES})")
@@ -239,13 +238,12 @@ def append_summary(text: str, environ: Mapping[str, str] | None = None) -> None:
             f.write(text)
 
 
-def publish(report: Report, fingerprint_changes: Mapping[str, str] | None = None, *,
-            environ: Mapping[str, str] | None = None, out: TextIO | None = None) -> bool:
+def publish(report: Report, *, environ: Mapping[str, str] | None = None, out: TextIO | None = None) -> bool:
     """On GitHub Actions: append the summary and print the annotations. Returns whether it did."""
     environ = os.environ if environ is None else environ
     if not on_github(environ):
         return False
-    append_summary(step_summary(report, fingerprint_changes), environ)
+    append_summary(step_summary(report), environ)
     out = out or sys.stdout
     out.write(annotations(report, _bases(environ)))
     out.flush()

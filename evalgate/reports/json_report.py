@@ -9,7 +9,7 @@ from ..atomic import write_text_atomic
 from ..judgement.report import Report
 
 
-def write_json(report: Report, path: str | Path, extra: dict | None = None) -> None:
+def write_json(report: Report, path: str | Path) -> None:
     """Write atomically: a CI step never reads half a report."""
-    document = {**report.to_dict(), **(extra or {})}
+    document = report.to_dict()
     write_text_atomic(path, json.dumps(document, indent=2, ensure_ascii=False, allow_nan=True) + "\n")

@@ -95,8 +95,7 @@ def prompt_properties(report: Report) -> list[tuple[str, str]]:
 
 
 def junit_xml(report: Report, *, suite_file: str | Path | None = None, duration: float | None = None,
-              fingerprint_changes: dict | None = None, timestamp: str | None = None,
-              hostname: str | None = None) -> str:
+              timestamp: str | None = None, hostname: str | None = None) -> str:
     """The report as a JUnit XML document (a str). `duration`: the run's wall time in seconds, put on the
     testsuite (testcases are judged together, so each says 0)."""
     groups: OrderedDict[str, list[RequestVerdict]] = OrderedDict()
@@ -126,7 +125,7 @@ def junit_xml(report: Report, *, suite_file: str | Path | None = None, duration:
             case = _sub(suite_el, "testcase", classname=label, name=v.key, time="0.000")
             if id(v) in failing_ids:
                 failure = _sub(case, "failure", message=one_line(v), type=v.verdict)
-                failure.text = _xml_safe(failure_text(v, fingerprint_changes))
+                failure.text = _xml_safe(failure_text(v, report.fingerprint_changes))
         totals["tests"] += len(verdicts)
         totals["failures"] += len(failing)
     if report.policy.fail_on_metric and report.metrics and report.baseline_run_id is not None:

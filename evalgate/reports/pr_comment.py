@@ -40,7 +40,7 @@ def run_url(environ: Mapping[str, str]) -> str | None:
 def comment_body(report: Report, *, run_link: str | None = None, artifact: str | None = None) -> str:
     """The comment: the marker, the summary (verdict, counts, changed components, the first few divergences
     with their tokens, metrics) and where the whole report is."""
-    summary = step_summary(report, report.fingerprint_changes, max_rows=MAX_DIVERGENCES).rstrip("\n")
+    summary = step_summary(report, max_rows=MAX_DIVERGENCES).rstrip("\n")
     links = []
     if run_link:
         links.append(f"[job summary]({run_link})")

@@ -39,7 +39,7 @@ MAX_ROWS = 50
 MAX_LINES = 20  # off a terminal (a CI log): the differing requests listed, then "and N more: see the report"
 
 
-def render_report(console: Console, report: Report, fingerprint_changes: dict | None = None) -> None:
+def render_report(console: Console, report: Report) -> None:
     inv = report.batch_invariance or {}
     if inv.get("requested") and not inv.get("in_force"):
         console.print(f"[yellow]batch invariance: requested, NOT in force[/] — {inv.get('reason', '')}")
@@ -50,7 +50,7 @@ def render_report(console: Console, report: Report, fingerprint_changes: dict | 
         if report.changed_components:
             console.print(f"changed since baseline run {report.baseline_run_id}: "
                           f"[yellow]{', '.join(report.changed_components)}[/]")
-            for name, change in (report.fingerprint_changes if fingerprint_changes is None else fingerprint_changes).items():
+            for name, change in report.fingerprint_changes.items():
                 console.print(f"  {name}: {change}")
         else:
             console.print(f"identity unchanged since baseline run {report.baseline_run_id} "

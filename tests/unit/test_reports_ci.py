@@ -54,7 +54,7 @@ def sample(strict: bool = False) -> Report:
                        "differing": 0, "requests": 4, "keys": []},
                       {"factor": "batch_size", "comparison": "batch size 1→16", "reference_pass": 0, "pass": 2,
                        "differing": 1, "requests": 4, "keys": [NASTY]}],
-                  cache_hits=[{"pass": 1, "hit": 3, "missed": 1, "unknown": 0}])
+                  cache_hits=[{"pass": 1, "hit": 3, "missed": 1, "unknown": 0}], fingerprint_changes=CHANGES)
 
 
 # --- GitHub: workflow commands ----------------------------------------------------------------------------
@@ -138,12 +138,12 @@ Suite **smoke \<1\> \& co**, run 7 against baseline run 3: exit 1.
 
 
 def test_step_summary_byte_for_byte():
-    assert github.step_summary(sample(), CHANGES) == EXPECTED_SUMMARY
+    assert github.step_summary(sample()) == EXPECTED_SUMMARY
 
 
 def test_step_summary_truncates_and_orders_failures_first():
     report = sample(strict=True)
-    text = github.step_summary(report, CHANGES, max_rows=2)
+    text = github.step_summary(report, max_rows=2)
     assert text.startswith("## evalgate check: FAIL\n\nSuite **smoke \\<1\\> \\& co**, run 7 against baseline run 3 "
                            "(strict): exit 1.\n")
     rows = text.split("|---|---|---|---:|---|---|---:|---|\n")[1].split("\n\n")[0].splitlines()
@@ -175,11 +175,11 @@ def test_publish_only_on_github(tmp_path):
     summary.write_text("earlier step\n", encoding="utf-8")
     out = io.StringIO()
     env = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_WORKSPACE": WS}
-    assert github.publish(sample(), CHANGES, environ=env, out=out) is True
+    assert github.publish(sample(), environ=env, out=out) is True
     assert summary.read_text(encoding="utf-8") == "earlier step\n" + EXPECTED_SUMMARY  # appended, not replaced
     assert out.getvalue() == EXPECTED_ANNOTATIONS
     quiet = io.StringIO()
-    assert github.publish(sample(), CHANGES, environ={"GITHUB_STEP_SUMMARY": str(summary)}, out=quiet) is False
+    assert github.publish(sample(), environ={"GITHUB_STEP_SUMMARY": str(summary)}, out=quiet) is False
     assert quiet.getvalue() == "" and summary.read_text(encoding="utf-8") == "earlier step\n" + EXPECTED_SUMMARY
 
 
@@ -190,7 +190,7 @@ def _cases(root: ET.Element) -> dict[str, ET.Element]:
 
 
 def test_junit_has_pytest_shape_and_counts():
-    xml = junit_xml(sample(), suite_file=f"{WS}/{DIR}/evalgate.toml", duration=12.5, fingerprint_changes=CHANGES)
+    xml = junit_xml(sample(), suite_file=f"{WS}/{DIR}/evalgate.toml", duration=12.5)
     assert xml.startswith('<?xml version="1.0" encoding="utf-8"?>\n')
     root = ET.fromstring(xml.encode("utf-8"))
     assert root.tag == "testsuites"
@@ -215,7 +215,7 @@ def test_junit_has_pytest_shape_and_counts():
 
 
 def test_junit_failure_body_names_the_divergence():
-    root = ET.fromstring(junit_xml(sample(), fingerprint_changes=CHANGES))
+    root = ET.fromstring(junit_xml(sample()))
     silent = _cases(root)["story, 1: *bold* | pipe"].find("failure")
     assert silent.get("message") == ("silent_regression at token 2 (logprob): reference 315 '\\n' lp=-0.078125, "
                                      "current 315 '\\n' lp=-0.078125000000001 (margin 2.531); nothing changed")
@@ -232,7 +232,7 @@ def test_junit_failure_body_names_the_divergence():
 
 
 def test_junit_strict_turns_explained_new_missing_into_failures():
-    root = ET.fromstring(junit_xml(sample(strict=True), fingerprint_changes=CHANGES))
+    root = ET.fromstring(junit_xml(sample(strict=True)))
     suite = root.find("testsuite")
     assert (suite.get("tests"), suite.get("failures")) == ("6", "5")
     cases = _cases(root)
@@ -447,7 +447,7 @@ def test_off_a_terminal_nothing_is_broken_inside_a_word_and_long_lists_are_cappe
     report = Report(kind="check", suite_name="s", run_id=2, baseline_run_id=1, verdicts=verdicts,
                     changed_components=["model"], batch_invariance={}, metrics=metrics)
     out = io.StringIO()
-    render_report(Console(file=out, width=80, force_terminal=False, highlight=False), report, {})
+    render_report(Console(file=out, width=80, force_terminal=False, highlight=False), report)
     text = out.getvalue()
     shown = [k for k in keys if k in text]
     assert shown == keys[:MAX_LINES] and f"... and {50 - MAX_LINES} more: see the report" in text
