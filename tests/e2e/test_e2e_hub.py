@@ -184,6 +184,28 @@ def test_init_with_a_hub_id_pins_the_commit_and_writes_a_workflow_that_brings_th
         assert proc.returncode == 0, f"{tool}: {proc.stdout}{proc.stderr}"
 
 
+
+def test_the_history_reads_without_the_model_on_a_machine_with_an_empty_cache(cli, hub, tmp_path):
+    """A Hub-id suite, fetched, locked and baselined; then a reviewer's laptop, a dashboard or a PR-comment job:
+    the same files, an empty Hugging Face cache, offline. The commands that only read runs need the suite's
+    [suite] table alone (exit 0); a check still needs the model (exit 2 naming `evalgate fetch`)."""
+    hub.model(REPO).commit(directory_files(bare_model(tmp_path / "weights", seed=6)))
+    project = tmp_path / "project"
+    suite = write_suite(project, REPO, ["hello", "world"], kind="fake", concurrency=(1,), shuffles=0, hot_pass=False,
+                        name="team")
+    hub_cli(cli, hub, project)("fetch", suite, "--no-progress", check=0)
+    offline = hub_cli(cli, hub, project, **OFFLINE)
+    offline("baseline", "create", suite, check=0)
+    offline("check", suite, check=0)
+    laptop = hub_cli(cli, hub, project, **OFFLINE, HF_HOME=str(tmp_path / "empty-hf-home"))
+    assert "evalgate fetch" in laptop("check", suite, check=2).stderr  # the model is not here
+    assert [(r["run"], r["suite"]) for r in json.loads(laptop("runs", "list", "--json", check=0).stdout)] == [
+        (2, "team"), (1, "team")]
+    assert [r["run"] for r in json.loads(laptop("baseline", "list", "--json", check=0).stdout)] == [1]
+    assert [r["run"] for r in json.loads(laptop("runs", "history", "--json", check=0).stdout)] == [2, 1]
+    assert "wrote the report of run 2" in laptop("report", "--latest", "--html", tmp_path / "r.html", check=0).stdout
+    laptop("diff", "1", "2", check=0)
+
 def test_fetch_names_each_repo_by_the_field_that_names_it(cli, hub, tmp_path):
     """A tokenizer from another repo is fetched and pinned, and printed as the tokenizer, not as a model."""
     weights = hub.model(REPO).commit(directory_files(bare_model(tmp_path / "weights", seed=5)))

@@ -109,3 +109,12 @@ def test_no_import_circles():
         if node not in state:
             visit(node, [node])
     assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles[:5])
+
+
+@pytest.mark.parametrize("layer", ["configuration", "store", "judgement"])
+def test_what_configures_stores_and_judges_a_run_never_imports_what_executes_it(layer):
+    """The module docstring's rule, which the floors alone allow (execution/ is below judgement/): a judgement
+    reads stored runs, never the runner (Timings lives on the ground floor for that)."""
+    wrong = {str(p.relative_to(PACKAGE.parent)): sorted(m for m in imported(p) if layer_of(m) == "execution")
+             for p in MODULES if layer_of(module_name(p)) == layer}
+    assert not {path: names for path, names in wrong.items() if names}
