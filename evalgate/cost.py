@@ -546,10 +546,10 @@ def run_cost(suite: Suite, candidates: list[Candidate], *, schedule: Schedule | 
         remaining = count - index
         eta = (sum(walls) / len(walls)) * remaining if walls else None
         listener.candidate_started(index, count, candidate, eta)
-        if candidate.batch_invariant and platform is not None and platform not in INVARIANCE_PLATFORMS:
+        if candidate.batch_invariant and platform is not None and platform not in INVARIANCE_PLATFORMS + ("cpu",):
             result = CandidateResult(candidate, index, "unavailable",
-                                     reason=f"unavailable on this platform ({platform}): vLLM's batch-invariant "
-                                            "kernels need CUDA, ROCm or XPU")
+                                     reason=f"unavailable on this platform ({platform}): batch-invariant kernels "
+                                            "exist for CUDA, ROCm and XPU (vLLM's) and CPUs (evalgate's)")
         else:
             result = _measure(suite, candidate, index, count, schedule, url, listener, walls)
             if result.wall_seconds is not None and result.status == "measured":

@@ -387,7 +387,7 @@ def build_fingerprint(suite, engine) -> dict[str, dict]:
     return {
         "model": own.get("model") or model_component(suite.model),
         "tokenizer": own.get("tokenizer") or tokenizer_component(suite.tokenizer or suite.model),
-        "engine": component({**engine.identity(), "renderers": renderer_versions()}),
+        "engine": component({**engine.identity(), "renderers": renderer_versions()}, engine.identity_info()),
         "code": code_component(suite.code_paths, suite.root),
         # where each adapter's files were (info only: their content is the identity), for repro packs; and the
         # modules of each whose delta a rescoring leaves out (configuration/adapters.py), for judging across hardware

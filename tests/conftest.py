@@ -130,7 +130,7 @@ MACHINE_MODULES = {"test_demo", "test_e2e_init", "test_e2e_hardware"}
 # of the longest single tests (and the arith model's build, which lm_eval waits for) moved up. Two workers that start
 # with the long modules finish together; a long module collected last would leave one worker waiting on it.
 LONGEST_FIRST = ("test_e2e_lm_eval", "test_e2e_adapters", "test_e2e_bisect_config", "test_smollm2", "test_e2e_hardware",
-                 "test_e2e_server", "test_e2e_traffic", "test_e2e_cost", "test_e2e_gate", "test_e2e_bisect_batch",
+                 "test_e2e_server", "test_e2e_cpu_kernels", "test_e2e_traffic", "test_e2e_cost", "test_e2e_gate", "test_e2e_bisect_batch",
                  "test_e2e_faults", "test_e2e_template_date", "test_e2e_bisect_commits", "test_demo", "test_e2e_init",
                  "test_e2e_hub", "test_e2e_schedulers", "test_e2e_unicode_secrets", "test_tinymodel", "test_e2e_errors")
 

@@ -47,6 +47,12 @@ def planted_batch_variance(env: dict[str, str]) -> dict[str, str]:
     return {"PYTHONPATH": path, "EVALGATE_TEST_PLANT_BATCH_VARIANCE": "1"}
 
 
+def planted_linear_variance(env: dict[str, str]) -> dict[str, str]:
+    """What `env` needs for the batch effect planted in the GEMM kernels (fewer than 4 rows: one ulp up)."""
+    return {**planted_batch_variance(env), "EVALGATE_TEST_PLANT_BATCH_VARIANCE": "0",
+            "EVALGATE_TEST_PLANT_LINEAR_VARIANCE": "1"}
+
+
 class CLI:
     def __init__(self, env: dict[str, str], cwd: Path, prefix: tuple[str, ...] = ()):
         self.env, self.cwd = env, cwd
@@ -225,9 +231,11 @@ def db_tables(url: str) -> set[str]:
 def write_suite(directory: Path, model: Path, prompts: list[str] | list[dict], *, dtype: str = "float32",
                 max_tokens: int = 16, concurrency=(1, 4, 16), shuffles: int = 1, extra_engine: str = "",
                 name: str = "test", database: str = SQLITE_IN_SUITE_DIR, kind: str = "vllm",
-                hot_pass: bool = True, extra_schedule: str = "") -> Path:
+                hot_pass: bool = True, extra_schedule: str = "", batch_invariant: bool = False) -> Path:
     """A suite file plus its prompts file in `directory`; the model is referenced by absolute path; the
     store is `database` (the store_url fixture), by default evalgate.sqlite next to the suite file.
+    `batch_invariant` is false unless asked for: most tests hold evalgate to what plain vLLM does on the same
+    arrangement, and evalgate's CPU kernels (the product's default) would change what vLLM computes.
     `kind = "fake"`: the fake test engine (evalgate/engines/fake.py), for tests of evalgate's own plumbing."""
     directory.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -248,6 +256,7 @@ dtype = "{dtype}"
 max_model_len = 512
 enforce_eager = true
 seed = 0
+batch_invariant = {str(batch_invariant).lower()}
 {extra_engine}
 
 [sampling]
@@ -306,12 +315,13 @@ def assert_sqlite_beside_suite(store_backend: str, suite, db: str) -> None:
 def green_path(cli, tmp_path, model, store_url, store_backend, kind):
     """Create, check, list, show, diff and accept on quiet prompts: every request stable, every pass stored."""
     suite = write_suite(tmp_path / "ws", model, GREEN_PROMPTS, concurrency=(1, 4, 16), shuffles=1,
-                        database=store_url, kind=kind, max_tokens=8)
+                        database=store_url, kind=kind, max_tokens=8, batch_invariant=True)
     created = cli("baseline", "create", suite, "--json-report", tmp_path / "create.json", check=0)
     report = read_json(tmp_path / "create.json")
     assert report["counts"]["stable"] == len(GREEN_PROMPTS)
     assert report["promoted"] is True
-    assert "NOT in force" in created.stdout  # batch invariance requested, unavailable on CPU: said so
+    # batch invariance requested (the default): on CPU evalgate's kernels are in force; the fake engine has none
+    assert ("in force (evalgate CPU kernels" if kind == "vllm" else "NOT in force") in created.stdout
 
     checked = cli("check", suite, "--json-report", tmp_path / "check.json", check=0)
     report = read_json(tmp_path / "check.json")
@@ -320,11 +330,9 @@ def green_path(cli, tmp_path, model, store_url, store_backend, kind):
     assert report["counts"]["stable"] == len(GREEN_PROMPTS)
     assert report["changed_components"] == []
     assert report["requests"] == []
-    assert report["batch_invariance"] == {
-        "requested": True, "in_force": False,
-        "reason": "not available on this platform (cpu): vLLM's batch-invariant kernels need CUDA, ROCm or XPU"
-        if kind == "vllm" else "the fake test engine has no batch-invariant kernels",
-    }
+    assert report["batch_invariance"] == (
+        {"requested": True, "in_force": True, "reason": "", "kernels": "evalgate-cpu-kernels/1"} if kind == "vllm" else
+        {"requested": True, "in_force": False, "reason": "the fake test engine has no batch-invariant kernels"})
     assert "PASS" in checked.stdout
     if kind == "vllm":  # prompts shorter than one 128-token CPU cache block: the hot pass can hit nothing
         assert report["cache_hits"] == [{"pass": 1, "hit": 0, "missed": len(GREEN_PROMPTS), "unknown": 0}]

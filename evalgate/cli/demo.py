@@ -15,6 +15,7 @@ def demo(directory: Path = typer.Option(Path("evalgate-demo"), "--dir", help="Wo
                                           help="More \\[engine] lines (tests: the fake engine)")):
     """Build SmolLM2-135M-Instruct, create a baseline, check it, then swap the weights and check again."""
     import shutil
+    from dataclasses import replace
 
     from .. import gate
     from ..configuration.suite import load_suite
@@ -42,10 +43,19 @@ def demo(directory: Path = typer.Option(Path("evalgate-demo"), "--dir", help="Wo
             render_report(console, report)
         return report
 
-    surveyed = step("2. evalgate survey: what varies on this machine", run_survey, show=show_survey)
+    surveyed = step("2. evalgate survey: what varies on this machine (plain vLLM: batch_invariant = false)",
+                    run_survey, show=show_survey)
     failing = failing_factors(surveyed)
-    if failing:  # this machine varies: the finding is the lesson, then the setting that removes it
-        args = remedy_args(failing)
+    if failing:  # this machine varies: the finding is the lesson, then the batch-invariant mode, else a setting
+        suite = replace(suite, batch_invariant=True)
+        invariant = step("2b. evalgate survey again, batch_invariant = true (batch-invariant kernels)", run_survey,
+                         show=show_survey)
+        in_force = bool((invariant.batch_invariance or {}).get("in_force"))
+        if in_force and not failing_factors(invariant):
+            args = {"batch_invariant": True}
+            console.print(f"off: {len(surveyed.failing)} request(s) differ ({', '.join(failing)}); on: 0")
+        else:  # the kernels are not in force here (or left a difference): one sequence at a time instead
+            args = {"batch_invariant": False, **remedy_args(failing)}
         add_engine_settings(suite_path, args, "chosen by `evalgate demo`: the passes disagreed on this machine without it")
         console.print(f"written into {suite_path}: {', '.join(setting_lines(args))}")
         suite = load_suite(suite_path)
@@ -55,9 +65,10 @@ def demo(directory: Path = typer.Option(Path("evalgate-demo"), "--dir", help="Wo
         before, after = crowded_tokens_per_second(store, surveyed.run_id), crowded_tokens_per_second(store, created.run_id)
         verified = ("measured: its passes agree" if not created.failing else
                     f"measured: {len(created.failing)} request(s) still vary; promoted anyway to go on")
-        cost = (f"; crowded pass {before:.1f} -> {after:.1f} output tokens/s ({after / before:.2f}x)"
+        cost = (f"; crowded pass {before:.1f} -> {after:.1f} output tokens/s ({after / before:.2f}x of off)"
                 if before and after else "")
-        console.print(f"the remedy, {verified}{cost}. `evalgate cost {suite_path}` prices every candidate.")
+        console.print(f"the remedy, {verified}{cost}. `evalgate cost {suite_path}` prices every candidate "
+                      "(batch-invariant kernels, max_num_seqs = 1, ...).")
     show_answers(suite, created)
     checked = step("4. evalgate check (same everything: expect PASS)", gate.check)
     console.rule(f"5. new weights at the same path: {PERTURBED_TENSOR} with {PERTURBATION:.0%} noise")

@@ -22,5 +22,6 @@ class Remedy:
 
 
 # One sequence at a time: nobody shares the batch. What every batch factor's remedy is on a CPU.
-ONE_SEQUENCE = Remedy("batch invariance (batch_invariant = true on CUDA/ROCm/XPU) or engine.max_num_seqs = 1",
+ONE_SEQUENCE = Remedy("batch invariance (batch_invariant = true: vLLM's kernels on CUDA/ROCm/XPU, evalgate's on CPU) "
+                      "or engine.max_num_seqs = 1",
                       {"max_num_seqs": 1})

@@ -10,16 +10,19 @@ heavy imports, when the suite file is loaded; the engine itself (vLLM, an HTTP c
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, MutableMapping
 
+from .. import kernels
 from ..configuration import config
 from ..configuration.config import COMMON_KEYS
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..configuration.template_date import TemplateClock
 from ..errors import ConfigError
+from ..kernels.status import KERNELS, STATUS_PATH_ENV, judge_status, read_status
 from ..records import Completion
 
 if TYPE_CHECKING:
@@ -79,6 +82,11 @@ class Engine:
     def identity(self) -> dict[str, Any]:
         """The `engine` fingerprint component: everything about the engine that may change outputs."""
         raise NotImplementedError
+
+    def identity_info(self) -> dict[str, Any]:
+        """What the engine measured about itself that explains but does not identify it (the `engine`
+        component's info): what evalgate's CPU kernels chose on this CPU. None by default."""
+        return {}
 
     def identity_components(self) -> dict[str, dict]:
         """Components the engine knows better than the files (a remote server's model): none by default."""
@@ -193,16 +201,39 @@ def request_salt(cache_salt: str, key: str) -> str:
 
 
 def arrange_batch_invariance(requested: bool, platform: str, env: MutableMapping[str, str] = os.environ) -> dict:
-    """Set or remove VLLM_BATCH_INVARIANT in `env` (the engine's environment) and say what was done. On
-    platforms without the batch-invariant kernels vLLM crashes when it is set, so it is never set there."""
+    """Ask for batch invariance in `env` (the engine's environment) and say what was done. CUDA, ROCm and XPU:
+    vLLM's own kernels (VLLM_BATCH_INVARIANT=1). CPU: evalgate's (evalgate/kernels), whose state is known only
+    once the engine has loaded the model (`confirm_cpu_invariance`). Elsewhere nothing is set: vLLM's
+    Triton overrides would crash the engine at start."""
     state: dict[str, Any] = {"requested": requested, "in_force": False, "reason": ""}
+    env.pop("VLLM_BATCH_INVARIANT", None)
+    env.pop(kernels.SWITCH, None)
+    env.pop(STATUS_PATH_ENV, None)
     if not requested:
-        env.pop("VLLM_BATCH_INVARIANT", None)
         state["reason"] = "not requested"
     elif platform in INVARIANCE_PLATFORMS:
         env["VLLM_BATCH_INVARIANT"] = "1"
+    elif platform == "cpu":
+        env[kernels.SWITCH] = "1"
+        handle, path = tempfile.mkstemp(prefix="evalgate-cpu-kernels-", suffix=".json")
+        os.close(handle)
+        env[STATUS_PATH_ENV] = path
+        state["kernels"] = KERNELS
+        state["reason"] = "the engine has not reported yet"
     else:
-        env.pop("VLLM_BATCH_INVARIANT", None)
         state["reason"] = (f"not available on this platform ({platform}): vLLM's batch-invariant kernels need "
-                           "CUDA, ROCm or XPU")
+                           "CUDA, ROCm or XPU, evalgate's a CPU")
     return state
+
+
+def confirm_cpu_invariance(state: dict, env: MutableMapping[str, str] = os.environ) -> str:
+    """Once the engine has loaded the model: whether evalgate's CPU kernels are in force (`state` updated), and
+    what they measured here (the engine component's info; CPU-dependent, so never part of its identity)."""
+    path = env.get(STATUS_PATH_ENV)
+    if not state.get("requested") or "kernels" not in state or not path:
+        return ""
+    status = read_status(path)
+    Path(path).unlink(missing_ok=True)
+    state["in_force"], said = judge_status(status)
+    state["reason"] = "" if state["in_force"] else said
+    return said if state["in_force"] else ""

@@ -1,8 +1,8 @@
 """vLLM in-process (`vllm.LLM`): loaded once per run, reused by every pass.
 
 Batch invariance: `VLLM_BATCH_INVARIANT=1` is requested where vLLM supports it (CUDA, ROCm, XPU). On CPU its
-Triton overrides crash the engine at start, so evalgate never sets it there (and removes a user's setting)
-and records "requested, not in force" in the engine identity.
+Triton overrides crash the engine at start, so evalgate never sets it there (and removes a user's setting); it
+switches on its own CPU kernels instead (evalgate/kernels) and records whether they are in force.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..errors import ConfigError, EngineError, MissingDependency
 from ..fingerprint import env_snapshot, runtime_libraries
 from ..records import Completion, Positions, as_ids, rank_top_rows
-from .base import INVARIANCE_PLATFORMS, Engine, arrange_batch_invariance, request_salt
+from .base import INVARIANCE_PLATFORMS, Engine, arrange_batch_invariance, confirm_cpu_invariance, request_salt
 
 if TYPE_CHECKING:
     from ..configuration.suite import Suite
@@ -100,6 +100,7 @@ class VllmOfflineEngine(Engine):
             raise EngineError(f"vLLM failed to start with model {suite.model}: {type(exc).__name__}: {exc}") from exc
         if self.invariance["requested"] and self.platform in INVARIANCE_PLATFORMS:
             self.invariance["in_force"] = _invariance_active()
+        self.kernels_measured = confirm_cpu_invariance(self.invariance)
         self.tokenizer = self.llm.get_tokenizer()
         self.lora_requests = lora_requests(suite)
 
@@ -132,6 +133,9 @@ class VllmOfflineEngine(Engine):
             "batch_invariance": dict(self.invariance),
             **({"lora": _lora_identity(config.lora_config)} if config.lora_config is not None else {}),
         }
+
+    def identity_info(self) -> dict[str, Any]:
+        return {"cpu_kernels": self.kernels_measured} if self.kernels_measured else {}
 
     @property
     def max_model_len(self) -> int:

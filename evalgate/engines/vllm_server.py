@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError, EngineError
 from ..fingerprint import env_snapshot
 from ..processes import set_parent_death_signal
-from .base import EngineConfig, arrange_batch_invariance
+from .base import EngineConfig, arrange_batch_invariance, confirm_cpu_invariance
 from .openai_api import VLLM_SERVER_OWN_KEYS, OpenAIEngine, api_key, parse_server_config
 from .vllm_offline import platform_name
 
@@ -216,8 +216,9 @@ class VllmServerEngine(OpenAIEngine):
         if self.platform == "cpu":
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         self.invariance = arrange_batch_invariance(suite.batch_invariant, self.platform, env)
-        # set in the server's environment at start
+        # set in the server's environment at start (CPU: once the server has loaded the model, below)
         self.invariance["in_force"] = env.get("VLLM_BATCH_INVARIANT") == "1"
+        self.kernels_measured = ""
         key = api_key(suite)
         env.pop("VLLM_API_KEY", None)
         if key:
@@ -231,6 +232,7 @@ class VllmServerEngine(OpenAIEngine):
         self.server = ServerProcess(suite.model, launch_args, tokenizer=suite.tokenizer, env=env,
                                     startup_timeout=suite.server.startup_timeout, where=f"{suite.path}: [engine]")
         self.server.start()
+        self.kernels_measured = confirm_cpu_invariance(self.invariance, env)
         # What the server process started with (allow-listed, secrets redacted): the `env` component.
         launch_env = env_snapshot(env)
         try:
@@ -246,6 +248,9 @@ class VllmServerEngine(OpenAIEngine):
 
     def _invariance(self) -> dict[str, Any]:
         return dict(self.invariance)
+
+    def identity_info(self) -> dict[str, Any]:
+        return {"cpu_kernels": self.kernels_measured} if self.kernels_measured else {}
 
     def identity(self) -> dict[str, Any]:
         from importlib import metadata

@@ -114,7 +114,9 @@ def invariance(inv: dict | None) -> tuple[str, str]:
     if not inv:
         return "unknown", "unknown"
     if inv.get("in_force"):
-        return "in_force", "in force (VLLM_BATCH_INVARIANT=1)"
+        # CPU: evalgate's kernels (evalgate/kernels); CUDA, ROCm, XPU: vLLM's own
+        return "in_force", f"in force (evalgate CPU kernels, {inv['kernels']})" if inv.get("kernels") else \
+            "in force (VLLM_BATCH_INVARIANT=1)"
     if inv.get("requested"):
         reason = inv.get("reason") or ""
         return "not_in_force", "requested, NOT in force" + (f": {reason}" if reason else "")

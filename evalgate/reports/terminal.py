@@ -21,6 +21,7 @@ from .explain import (
     factor_lines,
     gate_lines,
     hardware_lines,
+    invariance,
     margin_text,
     metric_failure_line,
     number_text,
@@ -40,11 +41,11 @@ MAX_LINES = 20  # off a terminal (a CI log): the differing requests listed, then
 
 
 def render_report(console: Console, report: Report) -> None:
-    inv = report.batch_invariance or {}
-    if inv.get("requested") and not inv.get("in_force"):
-        console.print(f"[yellow]batch invariance: requested, NOT in force[/] — {inv.get('reason', '')}")
-    elif inv.get("in_force"):
-        console.print("[green]batch invariance: in force (VLLM_BATCH_INVARIANT=1)[/]")
+    state, words = invariance(report.batch_invariance)
+    if state == "not_in_force":
+        console.print(f"[yellow]batch invariance: {escape(words)}[/]")
+    elif state == "in_force":
+        console.print(f"[green]batch invariance: {escape(words)}[/]")
 
     if report.baseline_run_id is not None:
         if report.changed_components:

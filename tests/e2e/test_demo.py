@@ -37,6 +37,9 @@ def test_demo_where_the_engine_varies_teaches_it_then_goes_on(cli, tmp_path, smo
     assert "why: without batch-invariant kernels" in lesson
     assert "removed by, in [engine]: max_num_seqs = 1 (batch size)" in lesson
     assert "it is never a baseline" in lesson and "written into" in lesson
+    # the batch-invariant kernels are asked first; the fake engine has none, so one sequence at a time it is
+    again = out[out.index("2b. evalgate survey again, batch_invariant = true"):out.index("3. evalgate baseline create")]
+    assert "written into" in again and "batch_invariant = false, max_num_seqs = 1" in again
     assert "the remedy, measured: its passes agree" in out and "output tokens/s" in out
     suite = (tmp_path / "ws" / "evalgate.toml").read_text(encoding="utf-8")
     assert "max_num_seqs = 1" in suite.split("[sampling]")[0]

@@ -30,14 +30,17 @@ PROMPTS = [f"Prompt number {i}: the quick brown fox and the {w}" for i, w in
 
 
 def serving_suite(directory: Path, model: Path, prompts, *, url: str | None = None, served: str | None = None,
-                  concurrency=(1, 8), shuffles=0, dtype="float32", max_tokens=16, extra="", engine_extra="") -> Path:
-    """A suite for kind "openai" (url given) or "vllm-server" (no url)."""
+                  concurrency=(1, 8), shuffles=0, dtype="float32", max_tokens=16, extra="", engine_extra="",
+                  batch_invariant: bool = False) -> Path:
+    """A suite for kind "openai" (url given) or "vllm-server" (no url); batch invariance off unless asked for
+    (helpers.write_suite says why)."""
+    invariant = f"batch_invariant = {str(batch_invariant).lower()}\n"
     if url:
         engine = (f'kind = "openai"\nbase_url = "{url}/v1"\nserved_model = "{served}"\nmodel = "{model}"\n'
-                  f'api_key_env = "EVALGATE_TEST_API_KEY"\n{engine_extra}')
+                  f'api_key_env = "EVALGATE_TEST_API_KEY"\n{invariant}{engine_extra}')
     else:
         engine = (f'kind = "vllm-server"\nmodel = "{model}"\ndtype = "{dtype}"\nmax_model_len = 512\n'
-                  f'enforce_eager = true\nseed = 0\n{engine_extra}')
+                  f'enforce_eager = true\nseed = 0\n{invariant}{engine_extra}')
     suite = write_suite(directory, model, prompts, dtype=dtype, max_tokens=max_tokens, concurrency=concurrency,
                         shuffles=shuffles)
     text = suite.read_text()
@@ -128,14 +131,17 @@ def _throughput(passes: list[dict]) -> str:
 
 def test_vllm_server_create_then_check(cli, tmp_path, tiny_model):
     prompts = PROMPTS[:8]
-    suite = serving_suite(tmp_path / "ws", tiny_model, prompts, concurrency=(1, 8), max_tokens=8)
+    suite = serving_suite(tmp_path / "ws", tiny_model, prompts, concurrency=(1, 8), max_tokens=8,
+                          batch_invariant=True)
     cli.env = _env(cli.env)
     cli("baseline", "create", suite, check=0)
     checked = cli("check", suite, "--json-report", tmp_path / "check.json", check=0)
     report = read_json(tmp_path / "check.json")
     assert report["status"] == "pass" and report["counts"]["stable"] == len(prompts)
     assert report["changed_components"] == []  # a new port and a new server: same identity
-    assert "NOT in force" in checked.stdout
+    # evalgate's CPU kernels load in the server's engine-core process too (a vLLM plugin) and report from there
+    assert "in force (evalgate CPU kernels" in checked.stdout
+    assert report["batch_invariance"]["in_force"] is True
     db = database_url(suite)
     assert db_runs(db) == [(1, "baseline", "complete", "pass"), (2, "check", "complete", "pass")]
     engine = json.loads(db_query(db, "select components from fingerprints")[0][0])["engine"]["data"]

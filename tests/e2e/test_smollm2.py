@@ -200,7 +200,8 @@ def test_chat_suite_on_the_real_model(cli, tmp_path, smollm2):
     # the same prompt ids, output ids, logprob bits and top-k as the in-process engine
     template.write_text((smollm2 / "chat_template.jinja").read_text())
     served = chat_suite(tmp_path / "server", model, engine=(
-        f'kind = "vllm-server"\nmodel = "{model}"\ndtype = "bfloat16"\nmax_model_len = 512\nenforce_eager = true\nseed = 0'))
+        f'kind = "vllm-server"\nmodel = "{model}"\ndtype = "bfloat16"\nmax_model_len = 512\nenforce_eager = true\nseed = 0\n'
+        'batch_invariant = false'))
     server_cli = type(cli)({k: v for k, v in cli.env.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}, cli.cwd)
     server_cli("baseline", "create", served, check=0)
     assert stored(database_url(served), 1) == records

@@ -119,7 +119,7 @@ Suite **smoke \<1\> \& co**, run 7 against baseline run 3: exit 1.
 
 - invariant under: prefix cache cold→hot
 - varies under: batch size 1→16 (1 request)
-- batch size: removed by batch invariance (batch\_invariant = true on CUDA/ROCm/XPU) or engine.max\_num\_seqs = 1
+- batch size: removed by batch invariance (batch\_invariant = true: vLLM's kernels on CUDA/ROCm/XPU, evalgate's on CPU) or engine.max\_num\_seqs = 1
 - hot pass 1: 3 of 4 requests were served from the prefix cache; 1 was not (a prompt shorter than one cache block is never cached), so for those the hot pass is a repeat
 - gate: fail on bits (any difference fails, down to one logprob bit)
 

@@ -1,0 +1,115 @@
+"""Swap vLLM's batch-dependent CPU computations for fixed-geometry ones, once per process, and write down what
+was measured and what is not covered (the status evalgate's engine reads back, `status.py`)."""
+
+from __future__ import annotations
+
+import functools
+
+from evalgate.kernels.attention import AttentionConfig, attention_varies
+from evalgate.kernels.linear import Geometry, calibrate, linear_path, tiled
+from evalgate.kernels.status import STATUS
+
+
+@functools.cache
+def install() -> None:
+    _tile_linear_layers()
+    _check_attention()
+    _list_uncovered()
+
+
+def _tile_linear_layers() -> None:
+    from vllm.model_executor.layers import utils
+
+    original = utils.dispatch_cpu_unquantized_gemm
+    geometries: dict[tuple, Geometry] = {}   # (path, dtype, K, N) -> measured here
+
+    def dispatch(layer, remove_weight: bool) -> None:
+        weight = layer.weight
+        original(layer, remove_weight)
+        if weight.ndim != 2 or weight.is_meta or not hasattr(layer, "cpu_linear"):
+            return
+        n, k = weight.shape
+        fn = layer.cpu_linear
+        key = (linear_path(fn), weight.dtype, k, n)
+        if key not in geometries:
+            geometries[key] = calibrate(lambda probe: _linear_for(original, probe), k, n, weight.dtype)
+            STATUS.linear_measured(key, geometries[key])
+        geometry = geometries[key]
+        if geometry.path != key[0]:  # the probe took another path than the layer: nothing measured, one row a call
+            geometry = Geometry(key[0], 1, 1)
+        layer.cpu_linear = tiled(fn, geometry)
+
+    utils.dispatch_cpu_unquantized_gemm = dispatch
+
+
+def _linear_for(dispatch, weight):
+    """(path, fn(x, weight) -> y): what vLLM's CPU dispatch picks for a layer holding `weight`."""
+    import torch
+
+    probe = torch.nn.Module()
+    probe.weight = torch.nn.Parameter(weight, requires_grad=False)
+    probe.bias = None
+    dispatch(probe, False)
+    return linear_path(probe.cpu_linear), lambda x, w: probe.cpu_linear(x, w, None)
+
+
+def _check_attention() -> None:
+    from vllm.v1.attention.backends import cpu_attn
+
+    builder = cpu_attn.CPUAttentionMetadataBuilder
+    original = builder.__init__
+    checked: dict[AttentionConfig, str | None] = {}
+
+    def init(self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        if self.is_cross_attention or self.is_encoder_only_attention:
+            STATUS.add_uncovered("encoder or cross attention")
+            return
+        config = AttentionConfig(self.num_heads, self.num_kv_heads, self.head_dim, str(self.dtype).removeprefix("torch."), self.block_size,
+                                 self.isa, self.window_size, str(self.kv_cache_dtype))
+        if config not in checked:
+            checked[config] = attention_varies(config)
+            STATUS.attention_checked(config.label(), checked[config])
+
+    builder.__init__ = init
+
+
+def _list_uncovered() -> None:
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    original = CPUModelRunner.load_model
+
+    def load_model(self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        for op in uncovered_ops(self.model, lora=self.lora_config is not None):
+            STATUS.add_uncovered(op)
+        STATUS.model_loaded_now()
+
+    CPUModelRunner.load_model = load_model
+
+
+def uncovered_ops(model, lora: bool = False) -> list[str]:
+    """What in `model` the mode does not make batch invariant: anything computed by a kernel it neither tiles
+    nor checks. Named by vLLM's class, so a report can say which op keeps the mode from being in force."""
+    from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+
+    found = set()
+    for module in model.modules():
+        kind = type(module).__name__
+        if isinstance(module, LinearBase) and not isinstance(module.quant_method, UnquantizedLinearMethod):
+            found.add(f"quantized linear layers ({type(module.quant_method).__name__})")
+        elif "MoE" in kind:
+            found.add(f"mixture-of-experts layers ({kind})")
+        elif "Mamba" in kind or "ShortConv" in kind or "LinearAttention" in kind:
+            found.add(f"state-space or linear-attention layers ({kind})")
+        elif "MLA" in kind:
+            found.add(f"multi-head latent attention ({kind})")
+        impl = getattr(module, "impl", None)
+        if impl is not None and type(impl).__name__ == "CPUAttentionBackendImpl":
+            if impl.alibi_slopes is not None or impl.sinks is not None or impl.logits_soft_cap:
+                found.add("attention with ALiBi, sinks or a logit soft cap (the check runs without them)")
+        elif impl is not None and "Attention" in type(impl).__name__:
+            found.add(f"attention backend {type(impl).__name__}")
+    if lora:
+        found.add("LoRA adapters (vLLM's CPU punica ops)")
+    return sorted(found)

@@ -1,0 +1,120 @@
+"""evalgate's CPU batch-invariant mode in real vLLM (evalgate/kernels, docs/conditions.md "CPU batch invariance").
+
+What varies on a CPU depends on the CPU, so the batch effect these tests remove is planted where vLLM's own
+varies (tests/planted: vLLM's CPU GEMM kernels give a call of fewer than 4 rows other bits), and the claim is
+held on every CPU: with the mode on, nothing differs; off, the planted effect shows; plain vLLM with evalgate's
+plugin on the same plan gives the same zeros. The kernels' own row invariance is asked of the kernels vLLM picks
+on this CPU, for shapes drawn at random."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+
+import pytest
+from helpers import TEST_ENV, planted_linear_variance, write_suite
+from variance import differing_keys, run_plain_vllm, tiny_prompts
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS = list(tiny_prompts(12))
+
+
+def survey_counts(stdout: str) -> dict[str, int]:
+    """The survey table's rows: comparison -> requests differing."""
+    return {" ".join(line.split()[:4]): int(m.group(1)) for line in stdout.splitlines()
+            if (m := re.search(r"\s(\d+)/\d+$", line.rstrip()))}
+
+
+def test_the_mode_removes_a_planted_batch_effect_on_every_comparison_of_the_vllm_survey(cli, tmp_path, tiny_model):
+    cli.env = {**cli.env, **planted_linear_variance(cli.env)}
+    surveyed = {}
+    for on in (False, True):
+        suite = write_suite(tmp_path / f"ws-{on}", tiny_model, PROMPTS, concurrency=(1, len(PROMPTS)), max_tokens=8,
+                            batch_invariant=on)
+        surveyed[on] = cli("survey", suite, "--probes", "vllm", check=0).stdout
+    off, on = survey_counts(surveyed[False]), survey_counts(surveyed[True])
+    assert off["batch size 1→12 batch"] > 0, surveyed[False]  # planted: a decode alone vs in a batch
+    assert "NOT in force" not in surveyed[True] and "batch-invariant kernels in force" in surveyed[True]
+    # every comparison of the preset ran, and none differs: batch size and edges, order, neighbours, prefix
+    # cache (hot and half), prefill vs decode, chunked prefill, preemption
+    assert len(on) >= 10 and set(on) == set(off), surveyed[True]
+    assert all(n == 0 for n in on.values()), surveyed[True]
+    assert "nothing varies here" in surveyed[True]
+
+
+def test_plain_vllm_with_the_plugin_gives_the_same_zeros(cli, tmp_path, tiny_model):
+    """The oracle: tests/raw_vllm.py, no evalgate code but the plugin vLLM loads, with the mode on and off."""
+    plan = {"model": str(tiny_model), "dtype": "float32",
+            "engine": {"max_model_len": 512, "enforce_eager": True, "seed": 0},
+            "sampling": {"temperature": 0.0, "max_tokens": 8, "logprobs": 5},
+            "prompts": [{"key": f"p{i}", "prompt": p} for i, p in enumerate(PROMPTS)],
+            "conditions": [{"name": "alone", "concurrency": 1, "salt": "alone"},
+                           {"name": "hot", "concurrency": 1, "salt": "alone"},
+                           {"name": "crowded", "concurrency": len(PROMPTS), "salt": "crowded"},
+                           {"name": "pairs", "concurrency": 2, "salt": "pairs", "order_seed": 3},
+                           {"name": "rescored", "rescore": "alone"}]}
+    env = {**cli.env, **planted_linear_variance(cli.env)}
+    plain = run_plain_vllm(plan, tmp_path / "off", env)
+    assert differing_keys(plain["alone"], plain["crowded"])  # the planted effect, plain vLLM
+    on = run_plain_vllm(plan, tmp_path / "on", {**env, "EVALGATE_CPU_BATCH_INVARIANT": "1"})
+    for condition in ("hot", "crowded", "pairs"):
+        assert differing_keys(on["alone"], on[condition]) == [], condition
+    # prefill vs decode: each output's own logprobs, scored again by one prefill of prompt + output
+    for key, out in on["alone"].items():
+        decoded = [struct.unpack("<d", bytes.fromhex(b))[0] for b in out["logprob_bits"]]
+        assert on["rescored"][key]["logprobs"] == decoded, key
+
+
+def test_rows_of_vllms_cpu_kernels_keep_their_bits_in_any_batch_once_tiled(tmp_path):
+    """Each linear path vLLM picks here, on random shapes and dtypes, tiled as the mode tiles it: a row's bits
+    alone equal its bits in a batch of any size and at any place; and the attention check passes."""
+    script = tmp_path / "rows.py"
+    script.write_text(ROWS_SCRIPT, encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], env={**os.environ, **TEST_ENV}, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["checked"] == 10 and result["failures"] == [], result
+    assert result["attention"] and result["attention"] == [None] * len(result["attention"]), result
+
+
+ROWS_SCRIPT = r'''
+import json, random, torch
+from vllm.platforms import current_platform
+current_platform.import_kernels()
+from vllm.model_executor.layers import utils
+from evalgate.kernels.attention import AttentionConfig, attention_varies
+from evalgate.kernels.install import _linear_for
+from evalgate.kernels.linear import calibrate, tiled
+
+rng = random.Random(7)
+failures, checked = [], 0
+for dtype in (torch.float32, torch.bfloat16):
+    for _ in range(5):
+        k, n = rng.choice((64, 128, 352, 576, 1536)), rng.choice((64, 128, 576, 960, 3072))
+        geometry = calibrate(lambda w: _linear_for(utils.dispatch_cpu_unquantized_gemm, w), k, n, dtype)
+        weight = (torch.randn(n, k) / k ** 0.5).to(dtype)
+        path, fn = _linear_for(utils.dispatch_cpu_unquantized_gemm, weight)
+        linear = tiled(lambda x, w, bias=None: fn(x, w), geometry)
+        x = torch.randn(70, k).to(dtype)
+        alone = [linear(x[i:i + 1], weight)[0] for i in range(70)]
+        for m in (1, 2, 3, 4, 5, 9, 31, 32, 33, 64, 70):
+            batch = linear(x[:m], weight)
+            flipped = linear(x[:m].flip(0), weight)
+            for i in range(m):
+                if not (torch.equal(batch[i], alone[i]) and torch.equal(flipped[m - 1 - i], alone[i])):
+                    failures.append(f"{path} {dtype} {k}x{n} {geometry} row {i} of {m}")
+                    break
+        checked += 1
+attention = []
+for dtype in ("float32", "bfloat16"):
+    for heads, kv, dim in ((4, 2, 64), (9, 3, 64), (8, 8, 128)):
+        isa = "amx" if dtype == "bfloat16" and torch.cpu._is_amx_tile_supported() else "vec"
+        attention.append(attention_varies(AttentionConfig(heads, kv, dim, dtype, 128, isa, -1, "auto")))
+print(json.dumps({"checked": checked, "failures": failures[:5], "attention": attention}))
+'''
