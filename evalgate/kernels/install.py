@@ -83,6 +83,9 @@ def _list_uncovered() -> None:
         original(self, *args, **kwargs)
         for op in uncovered_ops(self.model, lora=self.lora_config is not None):
             STATUS.add_uncovered(op)
+        if _name(self.vllm_config.compilation_config.mode) != "NONE":
+            # torch.compile traces the tiles into a graph inductor may fuse and reorder: checked eager only
+            STATUS.add_uncovered("a compiled model (set enforce_eager = true: the mode is measured eager)")
         STATUS.model_loaded_now()
 
     CPUModelRunner.load_model = load_model
@@ -113,3 +116,7 @@ def uncovered_ops(model, lora: bool = False) -> list[str]:
     if lora:
         found.add("LoRA adapters (vLLM's CPU punica ops)")
     return sorted(found)
+
+
+def _name(value) -> str:
+    return str(getattr(value, "name", value))
