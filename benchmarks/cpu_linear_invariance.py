@@ -10,7 +10,10 @@ shapes (K x N):
   the M at which a row's bits differ from M = 256 (grouped: M values giving the same bits share a class);
 - **tile R**: every row computed inside an R-row tile at each position among random other rows, and alone in a
   zero-padded tile: whether its bits ever depend on the position or the neighbours;
-- **cost**: one call over M rows against ceil(M / R) calls of R rows (padded), median of repeats.
+- **cost**: one call over M rows against ceil(M / R) calls of R rows (padded), median of repeats;
+- **the mode**: the geometry evalgate's CPU kernels measure for this path at load (`evalgate.kernels.linear
+  .calibrate`: tile rows, tail floor) and what computing M rows in it costs against one call (the per-op
+  overhead of the mode, at the M of a decode batch and of a prefill).
 Prints one table per path; the CPU model and torch's capability head the output.
 """
 
@@ -50,6 +53,24 @@ def paths(weight, dtype):
         packed = torch.ops._C.convert_weight_packed(weight)
         found.append(("sgl weight_packed_linear", lambda x, p=packed: ops.weight_packed_linear_cpu(x, p, n, None)))
     return found
+
+
+def mode_linear(weight, dtype, name):
+    """(geometry, linear(x, weight)) as evalgate's CPU kernels compute this path, or (None, None) where the
+    path is not the one vLLM's dispatch picks for this weight (the mode tiles only vLLM's choice)."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    from evalgate.kernels.install import linear_for
+    from evalgate.kernels.linear import calibrate
+    from evalgate.kernels.linear import tiled as mode_tiled
+
+    n, k = weight.shape
+    path, fn = linear_for(dispatch_cpu_unquantized_gemm, weight)
+    if not name.startswith({"onednn_mm": "onednn_mm", "sgl_weight_packed": "sgl", "torch_linear": "F.linear"}
+                           .get(path, path)):
+        return None, None
+    geometry = calibrate(lambda w: linear_for(dispatch_cpu_unquantized_gemm, w), k, n, dtype)
+    return geometry, mode_tiled(lambda x, w, bias=None: fn(x, w), geometry)
 
 
 def tiled(f, rows, tile):
@@ -136,12 +157,18 @@ def main() -> None:
                 line = f"{dtype_name} K={k} N={n} {name}: rows vs M: {classes_over_m(f, x)}"
                 line += "; tile invariant: " + ", ".join(f"R={r} {'yes' if tile_invariant(f, x, r) else 'NO'}"
                                                          for r in TILES)
-                cost = []
+                cost, mode = [], []
+                geometry, linear = mode_linear(weight, dtype, name)
                 for m in COST_MS:
                     one = median_seconds(lambda m=m: f(x[:m]))
                     tile16 = median_seconds(lambda m=m: tiled(f, x[:m], 16))
                     cost.append(f"M={m} {tile16 / one:.2f}x")
+                    if linear is not None:
+                        mode.append(f"M={m} {median_seconds(lambda m=m: linear(x[:m], weight)) / one:.2f}x")
                 print(line + "; R=16 cost: " + ", ".join(cost), flush=True)
+                if linear is not None:
+                    print(f"    the mode: {geometry.rows}-row tiles, tail floor {geometry.tail_floor}; cost: "
+                          + ", ".join(mode), flush=True)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def _tile_linear_layers() -> None:
         fn = layer.cpu_linear
         key = (linear_path(fn), weight.dtype, k, n)
         if key not in geometries:
-            geometries[key] = calibrate(lambda probe: _linear_for(original, probe), k, n, weight.dtype)
+            geometries[key] = calibrate(lambda probe: linear_for(original, probe), k, n, weight.dtype)
             STATUS.linear_measured(key, geometries[key])
         geometry = geometries[key]
         if geometry.path != key[0]:  # the probe took another path than the layer: nothing measured, one row a call
@@ -42,7 +42,7 @@ def _tile_linear_layers() -> None:
     utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
-def _linear_for(dispatch, weight):
+def linear_for(dispatch, weight):
     """(path, fn(x, weight) -> y): what vLLM's CPU dispatch picks for a layer holding `weight`."""
     import torch
 

@@ -89,7 +89,7 @@ from vllm.platforms import current_platform
 current_platform.import_kernels()
 from vllm.model_executor.layers import utils
 from evalgate.kernels.attention import AttentionConfig, attention_varies
-from evalgate.kernels.install import _linear_for
+from evalgate.kernels.install import linear_for
 from evalgate.kernels.linear import calibrate, tiled
 
 rng = random.Random(7)
@@ -97,9 +97,9 @@ failures, checked = [], 0
 for dtype in (torch.float32, torch.bfloat16):
     for _ in range(5):
         k, n = rng.choice((64, 128, 352, 576, 1536)), rng.choice((64, 128, 576, 960, 3072))
-        geometry = calibrate(lambda w: _linear_for(utils.dispatch_cpu_unquantized_gemm, w), k, n, dtype)
+        geometry = calibrate(lambda w: linear_for(utils.dispatch_cpu_unquantized_gemm, w), k, n, dtype)
         weight = (torch.randn(n, k) / k ** 0.5).to(dtype)
-        path, fn = _linear_for(utils.dispatch_cpu_unquantized_gemm, weight)
+        path, fn = linear_for(utils.dispatch_cpu_unquantized_gemm, weight)
         linear = tiled(lambda x, w, bias=None: fn(x, w), geometry)
         x = torch.randn(70, k).to(dtype)
         alone = [linear(x[i:i + 1], weight)[0] for i in range(70)]
