@@ -25,26 +25,26 @@ PROMPTS = list(tiny_prompts(12))
 
 
 def survey_counts(stdout: str) -> dict[str, int]:
-    """The survey table's rows: comparison -> requests differing."""
-    return {" ".join(line.split()[:4]): int(m.group(1)) for line in stdout.splitlines()
-            if (m := re.search(r"\s(\d+)/\d+$", line.rstrip()))}
+    """The survey table's rows (comparison, factor, differing/requests): comparison -> requests differing."""
+    rows = [re.split(r"\s{2,}", line.strip()) for line in stdout.splitlines()]
+    return {row[0]: int(row[-1].split("/")[0]) for row in rows if len(row) == 3 and re.fullmatch(r"\d+/\d+", row[-1])}
 
 
 def test_the_mode_removes_a_planted_batch_effect_on_every_comparison_of_the_vllm_survey(cli, tmp_path, tiny_model):
+    """The planted effect shows in plain vLLM (the next test); with the mode on, the survey finds it nowhere."""
     cli.env = {**cli.env, **planted_linear_variance(cli.env)}
-    surveyed = {}
-    for on in (False, True):
-        suite = write_suite(tmp_path / f"ws-{on}", tiny_model, PROMPTS, concurrency=(1, len(PROMPTS)), max_tokens=8,
-                            batch_invariant=on)
-        surveyed[on] = cli("survey", suite, "--probes", "vllm", check=0).stdout
-    off, on = survey_counts(surveyed[False]), survey_counts(surveyed[True])
-    assert off["batch size 1→12 batch"] > 0, surveyed[False]  # planted: a decode alone vs in a batch
-    assert "NOT in force" not in surveyed[True] and "batch-invariant kernels in force" in surveyed[True]
-    # every comparison of the preset ran, and none differs: batch size and edges, order, neighbours, prefix
+    suite = write_suite(tmp_path / "ws", tiny_model, PROMPTS, concurrency=(1, len(PROMPTS)), max_tokens=8,
+                        batch_invariant=True)
+    surveyed = cli("survey", suite, "--probes", "vllm", check=0).stdout
+    counts = survey_counts(surveyed)
+    assert "NOT in force" not in surveyed and "batch-invariant kernels in force" in surveyed
+    # every comparison of the preset ran, and none differs: batch size and its edges, order, neighbours, prefix
     # cache (hot and half), prefill vs decode, chunked prefill, preemption
-    assert len(on) >= 10 and set(on) == set(off), surveyed[True]
-    assert all(n == 0 for n in on.values()), surveyed[True]
-    assert "nothing varies here" in surveyed[True]
+    for comparison in ("batch size 1→12", "order", "neighbours", "prefix cache cold→hot", "prefill vs decode",
+                       "chunked prefill", "preemption"):
+        assert any(name.startswith(comparison) for name in counts), (comparison, surveyed)
+    assert len(counts) >= 10 and all(n == 0 for n in counts.values()), surveyed
+    assert "nothing varies here" in surveyed
 
 
 def test_plain_vllm_with_the_plugin_gives_the_same_zeros(cli, tmp_path, tiny_model):
