@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from evalgate.kernels.linear import bits
+
 CHECK_SEED = 20261207
 LENGTH, NEIGHBOUR = 300, 77     # query positions of the sequence checked, and of the request beside it
 
@@ -89,7 +91,7 @@ def attention_varies(config: AttentionConfig, split_kv: bool = False) -> str | N
         index = [name for name, _ in segments].index("a")
         return output[starts[index]:starts[index + 1]]
 
-    whole = _bits(attend([("a", 0)]))
+    whole = bits(attend([("a", 0)]))
     arrangements = {f"a chunk (or a cache hit) from position {start}": [("a", start)]
                     for start in (1, size - 1, size, 2 * size + 5, LENGTH - 2)}
     arrangements |= {"one decode query": [("a", LENGTH - 1)],
@@ -98,12 +100,6 @@ def attention_varies(config: AttentionConfig, split_kv: bool = False) -> str | N
                      "a chunk beside another request's chunk": [("b", 3), ("a", LENGTH // 2)]}
     for what, segments in arrangements.items():
         start = dict(segments)["a"]
-        if not torch.equal(_bits(attend(segments)), whole[start:]):
+        if not torch.equal(bits(attend(segments)), whole[start:]):
             return f"{config.label()}: {what} gives a query other bits than the whole prefill"
     return None
-
-
-def _bits(t):
-    import torch
-
-    return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)

@@ -37,7 +37,8 @@ def linear_path(fn: Callable) -> str:
     return "torch_linear"
 
 
-def _bits(t):
+def bits(t):
+    """A tensor's bit patterns, compared exactly (-0.0 and NaNs included)."""
     import torch
 
     return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
@@ -82,12 +83,12 @@ def calibrate(linear_for: Callable, k: int, n: int, dtype, rows: int = TILE_ROWS
     path, fn = linear_for(weight)
     while rows > 1:
         tile = probe_rows(rows, k, dtype, generator)
-        reference = _bits(fn(tile, weight))
+        reference = bits(fn(tile, weight))
         if all(_placed_row_agrees(fn, weight, tile[0], reference[0], position, probe_rows(rows, k, dtype, generator))
                for position in sorted({1, rows // 2, rows - 1})):
             floor = rows
             for size in range(rows - 1, 0, -1):
-                if not torch.equal(_bits(fn(tile[:size], weight)), reference[:size]):
+                if not torch.equal(bits(fn(tile[:size], weight)), reference[:size]):
                     break
                 floor = size
             return Geometry(path, rows, floor)
@@ -99,7 +100,7 @@ def _placed_row_agrees(fn, weight, row, reference, position, others) -> bool:
     import torch
 
     others[position] = row
-    return torch.equal(_bits(fn(others, weight)[position]), reference)
+    return torch.equal(bits(fn(others, weight)[position]), reference)
 
 
 def tiled(fn: Callable, geometry: Geometry) -> Callable:

@@ -14,7 +14,15 @@ from hypothesis import strategies as st  # noqa: E402
 
 from evalgate import kernels  # noqa: E402
 from evalgate.engines.base import arrange_batch_invariance, confirm_cpu_invariance  # noqa: E402
-from evalgate.kernels.linear import Geometry, calibrate, linear_path, probe_rows, probe_weight, tiled  # noqa: E402
+from evalgate.kernels.linear import (  # noqa: E402
+    Geometry,
+    bits,
+    calibrate,
+    linear_path,
+    probe_rows,
+    probe_weight,
+    tiled,
+)
 from evalgate.kernels.status import KERNELS, STATUS_PATH_ENV, KernelStatus, judge_status  # noqa: E402
 
 K, N = 96, 40
@@ -43,10 +51,6 @@ def late_rows_differ(x, w, bias=None):
     if x.shape[0] > 8:
         y[8:] = halves(x[8:], w)
     return y
-
-
-def bits(t):
-    return t.contiguous().view(torch.int32)
 
 
 @pytest.fixture(scope="module")
