@@ -104,25 +104,27 @@ def _placed_row_agrees(fn, weight, row, reference, position, others) -> bool:
 
 
 def tiled(fn: Callable, geometry: Geometry) -> Callable:
-    """`fn` (x, weight, bias) -> y computed in `geometry`'s tiles."""
+    """`fn` (x, weight, bias) -> y computed in `geometry`'s tiles, over the rows of x's leading dimensions."""
     import torch
 
     rows, floor = geometry.rows, geometry.tail_floor
 
     def linear(x, weight, bias=None):
+        if x.dim() != 2:  # [..., K]: the rows are every leading index
+            y = linear(x.reshape(-1, x.shape[-1]), weight, bias)
+            return y.reshape(*x.shape[:-1], y.shape[-1])
         m = x.shape[0]
-        if m == rows or (m < rows and m >= floor):
+        if m == 0 or m == rows or floor <= m < rows:
             return fn(x, weight, bias)
         full = m - m % rows
         pieces = [fn(x[start:start + rows], weight, bias) for start in range(0, full, rows)]
         tail = m - full
-        if tail:
-            if tail >= floor:
-                pieces.append(fn(x[full:], weight, bias))
-            else:
-                padded = x.new_zeros((floor, x.shape[1]))
-                padded[:tail] = x[full:]
-                pieces.append(fn(padded, weight, bias)[:tail])
+        if tail >= floor:
+            pieces.append(fn(x[full:], weight, bias))
+        elif tail:
+            padded = x.new_zeros((floor, x.shape[1]))
+            padded[:tail] = x[full:]
+            pieces.append(fn(padded, weight, bias)[:tail])
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
     return linear

@@ -94,6 +94,15 @@ def test_a_row_gets_the_same_bits_in_any_batch_once_tiled(weight, m, row, plante
     assert torch.equal(bits(linear(x.flip(0), weight)[m - 1 - row]), bits(alone))  # another place in the batch
 
 
+def test_an_empty_call_and_leading_dimensions_keep_their_shape(weight):
+    linear = tiled(small_m_differs, Geometry("planted", 8, 4))
+    assert linear(torch.zeros(0, K), weight).shape == (0, N)
+    x = torch.randn(3, 7, K)
+    y = linear(x, weight)
+    assert y.shape == (3, 7, N)
+    assert torch.equal(bits(y[2, 6]), bits(linear(x[2, 6:7], weight)[0]))  # a row is a row, however it is laid out
+
+
 def test_the_path_is_named_by_the_kernel_vllm_chose():
     assert linear_path(lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)) == "torch_linear"
     ops = type("ops", (), {"onednn_mm": None})
