@@ -78,6 +78,11 @@ def show_survey(report, suite) -> list[str]:
     if not failing:
         console.print("[green]nothing varies here that the gate fails on[/]")
     else:
+        if not inv.get("requested"):
+            # what removes batch-shape variance without giving up concurrency: offered before any fallback
+            console.print("first: batch_invariant = true in [engine] (batch-invariant kernels: vLLM's on CUDA/ROCm/XPU, "
+                          "evalgate's on CPU) keeps the concurrency; survey again with it to see what is left",
+                          soft_wrap=True, markup=False)
         args = remedy_args(failing)
         if args:
             console.print(escape("removed by, in [engine]: " + ", ".join(setting_lines(args))

@@ -35,6 +35,7 @@ def test_demo_where_the_engine_varies_teaches_it_then_goes_on(cli, tmp_path, smo
     assert re.search(r"chat-01: a (near-tie|confident) token flip at output token \d+ \(margin ", lesson)
     assert "concurrency 1: '" in lesson and "concurrency 8: '" in lesson  # both answers, side by side
     assert "why: without batch-invariant kernels" in lesson
+    assert "first: batch_invariant = true in [engine]" in lesson  # the kernels are offered before any fallback
     assert "removed by, in [engine]: max_num_seqs = 1 (batch size)" in lesson
     assert "it is never a baseline" in lesson and "written into" in lesson
     # the batch-invariant kernels are asked first; the fake engine has none, so one sequence at a time it is
