@@ -72,7 +72,8 @@ def test_plain_vllm_with_the_plugin_gives_the_same_zeros(cli, tmp_path, tiny_mod
 
 def test_rows_of_vllms_cpu_kernels_keep_their_bits_in_any_batch_once_tiled(tmp_path):
     """Each linear path vLLM picks here, on random shapes and dtypes, tiled as the mode tiles it: a row's bits
-    alone equal its bits in a batch of any size and at any place; and the attention check passes."""
+    alone equal its bits in a batch of any size and at any place; the attention check passes; and the layers
+    the mode does not cover are named."""
     script = tmp_path / "rows.py"
     script.write_text(ROWS_SCRIPT, encoding="utf-8")
     proc = subprocess.run([sys.executable, str(script)], env={**os.environ, **TEST_ENV}, capture_output=True,
@@ -81,6 +82,9 @@ def test_rows_of_vllms_cpu_kernels_keep_their_bits_in_any_batch_once_tiled(tmp_p
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["checked"] == 10 and result["failures"] == [], result
     assert result["attention"] and result["attention"] == [None] * len(result["attention"]), result
+    # what the mode does not cover is named, so a report never claims it
+    assert result["uncovered"] == ["LoRA adapters (vLLM's CPU punica ops)", "attention backend FlashAttentionImpl",
+                                   "mixture-of-experts layers (FusedMoE)"]
 
 
 ROWS_SCRIPT = r'''
@@ -116,5 +120,23 @@ for dtype in ("float32", "bfloat16"):
     for heads, kv, dim in ((4, 2, 64), (9, 3, 64), (8, 8, 128)):
         isa = "amx" if dtype == "bfloat16" and torch.cpu._is_amx_tile_supported() else "vec"
         attention.append(attention_varies(AttentionConfig(heads, kv, dim, dtype, 128, isa, -1, "auto")))
-print(json.dumps({"checked": checked, "failures": failures[:5], "attention": attention}))
+from evalgate.kernels.install import uncovered_ops
+
+
+class FusedMoE(torch.nn.Module):  # named as vLLM names its layers: the mode reads the class
+    pass
+
+
+class FlashAttentionImpl:
+    pass
+
+
+class Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.impl = FlashAttentionImpl()
+
+
+uncovered = uncovered_ops(torch.nn.Sequential(FusedMoE(), Attention(), torch.nn.Linear(2, 2)), lora=True)
+print(json.dumps({"checked": checked, "failures": failures[:5], "attention": attention, "uncovered": uncovered}))
 '''
