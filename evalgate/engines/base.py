@@ -83,10 +83,13 @@ class Engine:
         """The `engine` fingerprint component: everything about the engine that may change outputs."""
         raise NotImplementedError
 
+    # what evalgate's CPU kernels measured in the engine (`confirm_cpu_invariance`); empty where they did not run
+    kernels_measured: str = ""
+
     def identity_info(self) -> dict[str, Any]:
         """What the engine measured about itself that explains but does not identify it (the `engine`
-        component's info): what evalgate's CPU kernels chose on this CPU. None by default."""
-        return {}
+        component's info): what evalgate's CPU kernels chose on this CPU."""
+        return {"cpu_kernels": self.kernels_measured} if self.kernels_measured else {}
 
     def identity_components(self) -> dict[str, dict]:
         """Components the engine knows better than the files (a remote server's model): none by default."""

@@ -134,9 +134,6 @@ class VllmOfflineEngine(Engine):
             **({"lora": _lora_identity(config.lora_config)} if config.lora_config is not None else {}),
         }
 
-    def identity_info(self) -> dict[str, Any]:
-        return {"cpu_kernels": self.kernels_measured} if self.kernels_measured else {}
-
     @property
     def max_model_len(self) -> int:
         return self.llm.llm_engine.vllm_config.model_config.max_model_len

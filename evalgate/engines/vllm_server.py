@@ -218,7 +218,6 @@ class VllmServerEngine(OpenAIEngine):
         self.invariance = arrange_batch_invariance(suite.batch_invariant, self.platform, env)
         # set in the server's environment at start (CPU: once the server has loaded the model, below)
         self.invariance["in_force"] = env.get("VLLM_BATCH_INVARIANT") == "1"
-        self.kernels_measured = ""
         key = api_key(suite)
         env.pop("VLLM_API_KEY", None)
         if key:
@@ -248,9 +247,6 @@ class VllmServerEngine(OpenAIEngine):
 
     def _invariance(self) -> dict[str, Any]:
         return dict(self.invariance)
-
-    def identity_info(self) -> dict[str, Any]:
-        return {"cpu_kernels": self.kernels_measured} if self.kernels_measured else {}
 
     def identity(self) -> dict[str, Any]:
         from importlib import metadata
