@@ -1,9 +1,11 @@
 """`evalgate fetch`: bring what a suite names from the Hugging Face Hub into the local cache, and pin it.
 
-For each Hub repo the suite names (`[engine] model`/`tokenizer` at `revision`/`tokenizer_revision`) and each
-dataset of its lm-eval built-in tasks, download the snapshot at the revision asked for (huggingface_hub: its
-cache, `HF_HOME`, `HF_ENDPOINT`, `HF_TOKEN` for gated repos), take the commit it resolved to, hash every file,
-and write evalgate.lock beside the suite (configuration/lock.py). Every other command runs offline from the
+For each Hub repo the suite names (`[engine] model`/`tokenizer` at `revision`/`tokenizer_revision`, an
+`[adapters]` entry) and each dataset of its lm-eval built-in tasks, download the snapshot at the revision asked
+for (huggingface_hub: its cache, `HF_HOME`, `HF_ENDPOINT`, `HF_TOKEN` for gated repos), take the commit it
+resolved to, hash every file, and write evalgate.lock beside the suite (configuration/lock.py). The suite is
+read by `load_suite` itself, with a Hub resolver that downloads, so fetch checks the whole suite as every other
+command will read it. Every other command runs offline from the
 cache and the lock, so a branch that moves on the Hub changes nothing until the next fetch.
 """
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .configuration.lock import Lock, Pin, lock_path, read_lock, write_lock
-from .configuration.suite import HubWants, hub_wants
+from .configuration.suite import load_suite
 from .errors import ConfigError, EngineError, MissingDependency
 from .fingerprint import hash_files
 from .hub_cache import hub_cache
@@ -37,13 +39,21 @@ class Fetched:
 def fetch(suite_path: Path, *, progress: bool = True, locked: bool = False) -> Fetched:
     """Fetch everything the suite names and write its lock. `locked` (CI): download exactly the commits the lock
     pins, resolve no branch, and leave the lock as it is; the lock must cover the suite."""
-    wants = hub_wants(suite_path)
-    root = wants.path.parent
+    suite_path = Path(suite_path).resolve()
+    root = suite_path.parent
     before = read_lock(root)
-    commit_of = _locked_commits(before, wants) if locked else lambda repo_type, repo, revision, task=None: revision
-    roles = [(field, _download("model", repo, revision, field, progress=progress, at=commit_of("model", repo, revision)))
-             for field, repo, revision in wants.repos]
-    roles += _task_datasets(wants, progress=progress, commit_of=commit_of)
+    commit_of = _locked_commits(before, suite_path) if locked else lambda repo_type, repo, revision, task=None: revision
+    roles: list[tuple[str, Pin]] = []
+
+    def download(repo: str, revision: str | None, _root: Path, _where: str, field: str) -> Path:
+        """The Hub resolver of `load_suite`: each repo the suite names, downloaded and pinned under its role."""
+        revision = revision or "main"
+        pin = _download("model", repo, revision, field, progress=progress, at=commit_of("model", repo, revision))
+        roles.append((field, pin))
+        return pin.snapshot
+
+    suite = load_suite(suite_path, hub=download)
+    roles += _task_datasets(suite, progress=progress, commit_of=commit_of)
     pins = [pin for _, pin in roles]
     lock = Lock(tuple(pins))
     if locked:
@@ -62,14 +72,14 @@ def download_model(repo: str, revision: str, field: str, *, progress: bool = Fal
     return _download("model", repo, revision, field, progress=progress)
 
 
-def _locked_commits(lock: Lock, wants: HubWants):
+def _locked_commits(lock: Lock, suite_path: Path):
     """For --locked: the commit the lock pins for each (repo, revision) the suite names; a suite the lock does
     not cover is a ConfigError (the lock is stale: fetch again and commit it)."""
     def commit_of(repo_type: str, repo: str, revision: str, task: str | None = None) -> str:
         pin = lock.find(repo_type, repo, revision, task)
         if pin is None:
-            raise ConfigError(f"{lock_path(wants.path.parent)}: the lock does not pin {repo_type} {repo!r} at revision "
-                              f"{revision!r}, which {wants.path.name} names",
+            raise ConfigError(f"{lock_path(suite_path.parent)}: the lock does not pin {repo_type} {repo!r} at revision "
+                              f"{revision!r}, which {suite_path.name} names",
                               fix="run `evalgate fetch` (without --locked) and commit evalgate.lock")
         return pin.commit
 
@@ -110,15 +120,15 @@ def _download(repo_type: str, repo: str, revision: str, field: str, *, progress:
     return Pin(repo_type=repo_type, repo=repo, revision=revision, commit=snapshot.name, files=hash_files(files))
 
 
-def _task_datasets(wants: HubWants, *, progress: bool, commit_of) -> list[tuple[str, Pin]]:
+def _task_datasets(suite, *, progress: bool, commit_of) -> list[tuple[str, Pin]]:
     """The Hub datasets of the suite's lm-eval built-in tasks (a group or tag: of each of its tasks), one pin
     per task under its role (tasks that share a dataset and revision share the download)."""
-    if wants.lm_eval is None:
+    if suite.lm_eval is None:
         return []
     from .lmeval.tasks import hub_datasets
 
     roles, fetched = [], {}
-    for task, (repo, config_name, revision) in hub_datasets(wants.lm_eval, wants.path).items():
+    for task, (repo, config_name, revision) in hub_datasets(suite.lm_eval, suite.path).items():
         key, role = (repo, revision or "main"), f"lm_eval task {task!r}: dataset"
         if key not in fetched:
             fetched[key] = _download("dataset", repo, key[1], role, progress=progress,

@@ -17,6 +17,7 @@ from typing import Any
 from ..fingerprint import adapter_files
 from ..hashing import digest
 from .config import fail, is_dir, local_or_hub, short, typed
+from .lock import HubResolver, resolve_hub_repo
 
 BASE_MODEL = "base"  # the base model, no adapter: a name `[prompts] adapters` may list, never an adapter's own
 ADAPTER_CONFIG = "adapter_config.json"
@@ -57,7 +58,8 @@ class Adapter:
         return digest({"files": self.files})
 
 
-def parse_adapters(table: dict, root: Path, where: str, section: str) -> dict[str, Adapter]:
+def parse_adapters(table: dict, root: Path, where: str, section: str, *,
+                   hub: HubResolver = resolve_hub_repo) -> dict[str, Adapter]:
     """`[adapters]`: `name = "dir"` or `name = "org/name"` (a Hub repo at "main"), or a table
     `name = { path = "org/name", revision = "v2" }`. Every value is checked and every adapter hashed."""
     adapters = {}
@@ -67,7 +69,7 @@ def parse_adapters(table: dict, root: Path, where: str, section: str) -> dict[st
             raise fail(where, f"`{field}`: {name!r} cannot name an adapter",
                        f"use letters, digits, `.`, `_` and `-` (at most 64), not {BASE_MODEL!r} (the base model's name)")
         path_value, revision = adapter_source(name, value, where, field)
-        path = local_or_hub(path_value, revision, root, where, field, f"{field}.revision")
+        path = local_or_hub(path_value, revision, root, where, field, f"{field}.revision", hub)
         adapters[name] = read_adapter(name, path, where, field)
     return adapters
 

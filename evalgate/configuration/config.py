@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .lock import is_hub_id, resolve_hub_repo
+from .lock import HubResolver, is_hub_id, resolve_hub_repo
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -105,9 +105,10 @@ def is_dir(path: Path) -> bool:
         return False
 
 
-def model_dir(table: dict, root: Path, where: str, section: str, *, required: bool) -> Path | None:
+def model_dir(table: dict, root: Path, where: str, section: str, *, required: bool,
+              hub: HubResolver = resolve_hub_repo) -> Path | None:
     """`model`: a local Hugging Face model directory (config.json + weights), or a Hub repo id at `revision`
-    (its snapshot as evalgate.lock pins it); None when optional and absent."""
+    (its snapshot as evalgate.lock pins it, or as `hub` resolves it); None when optional and absent."""
     value = typed(table, "model", str, where, section)
     revision = typed(table, "revision", str, where, section)
     if value is None and not required:
@@ -117,7 +118,7 @@ def model_dir(table: dict, root: Path, where: str, section: str, *, required: bo
     if not value:
         raise fail(where, f"`{section}model` is missing",
                    'set it to a local model directory (config.json + weights) or a Hub repo id, e.g. "org/name"')
-    path = local_or_hub(value, revision, root, where, f"{section}model", "revision")
+    path = local_or_hub(value, revision, root, where, f"{section}model", "revision", hub)
     if not is_dir(path) or not is_file(path / "config.json"):
         raise fail(where, f"`{section}model`: {path} is not a model directory (no config.json)",
                    "point it at a local Hugging Face model directory (`evalgate build-model DIR` builds one), or name a "
@@ -125,22 +126,26 @@ def model_dir(table: dict, root: Path, where: str, section: str, *, required: bo
     return path
 
 
-def tokenizer_dir(table: dict, root: Path, where: str, section: str) -> Path | None:
+def tokenizer_dir(table: dict, root: Path, where: str, section: str, *,
+                  hub: HubResolver = resolve_hub_repo) -> Path | None:
     value = typed(table, "tokenizer", str, where, section)
     revision = typed(table, "tokenizer_revision", str, where, section)
     if revision is not None and not value:
         raise fail(where, f"`{section}tokenizer_revision` is set without `{section}tokenizer`",
                    f"set `{section}tokenizer` to a Hub repo id")
-    path = local_or_hub(value, revision, root, where, f"{section}tokenizer", "tokenizer_revision") if value else None
+    path = local_or_hub(value, revision, root, where, f"{section}tokenizer", "tokenizer_revision", hub) \
+        if value else None
     if path is not None and not is_dir(path):
         raise fail(where, f"`{section}tokenizer`: {path} is not a directory", "point it at a tokenizer directory or a Hub repo id")
     return path
 
 
-def local_or_hub(value: str, revision: str | None, root: Path, where: str, field: str, revision_key: str) -> Path:
-    """A local path (relative to the suite), or the locked snapshot of a Hub repo id at `revision`."""
+def local_or_hub(value: str, revision: str | None, root: Path, where: str, field: str, revision_key: str,
+                 hub: HubResolver = resolve_hub_repo) -> Path:
+    """A local path (relative to the suite), or a Hub repo id at `revision` as `hub` resolves it (the lock's
+    snapshot; a download, for `evalgate fetch`)."""
     if is_hub_id(value, root):
-        return resolve_hub_repo(value, revision, root, where, field)
+        return hub(value, revision, root, where, field)
     if revision is not None:
         raise fail(where, f"`{field}` = {short(value)} is a local path; `{revision_key}` is for a Hub repo id",
                    f"remove `{revision_key}`, or name the model as the Hub does (\"org/name\")")

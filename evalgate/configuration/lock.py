@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,3 +151,9 @@ def resolve_hub_repo(value: str, revision: str | None, root: Path, where: str, f
         raise ConfigError(f"{where}: `{field_name}` = {value!r} (revision {revision!r}) names a Hugging Face Hub repo, "
                           f"and {why}", fix=FETCH_FIX)
     return locked_snapshot(pin, where, field_name)
+
+
+# How the suite reader turns a Hub repo id into a local directory: (repo id, revision as written or None, the
+# suite's directory, the file, the field) -> the directory. Every command reads the lock's snapshot offline
+# (`resolve_hub_repo`); `evalgate fetch` passes one that downloads, so the suite file has one reader.
+HubResolver = Callable[[str, "str | None", Path, str, str], Path]

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..hashing import digest
 from ..registry import ENGINES, PROBE_PRESETS, PROBES
-from .adapters import BASE_MODEL, Adapter, adapter_choices, adapter_source, lora_settings, parse_adapters
+from .adapters import BASE_MODEL, Adapter, adapter_choices, lora_settings, parse_adapters
 from .config import (
     DEFAULT_DATABASE,
     check_keys,
@@ -32,7 +32,7 @@ from .config import (
     typed,
 )
 from .load import parse_load
-from .lock import is_hub_id
+from .lock import HubResolver, resolve_hub_repo
 from .policy import FAIL_ON, GatePolicy, parse_gate_table
 from .prompts import SCORING_TYPES, Prompt, load_prompts
 from .schedule import FULL, PRESETS, ROTATING, Schedule, rotating_problem
@@ -209,9 +209,10 @@ def _database(given: str | None, written: str, path: Path, prefix: str) -> str:
     return resolve_database_url(written, path.parent, where=f"{path}: `{prefix}suite.database`")
 
 
-def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
-    """Load and validate a suite file; `database` (e.g. --db) overrides the file's database URL, relative to the cwd.
-    One reader per table, each naming the file, the field and the fix of every mistake."""
+def load_suite(path: str | Path, *, database: str | None = None, hub: HubResolver = resolve_hub_repo) -> Suite:
+    """Load and validate a suite file; `database` (e.g. --db) overrides the file's database URL, relative to the cwd;
+    `hub` turns each Hub repo id into its directory (default: the lock's snapshot, offline; `evalgate fetch`
+    downloads). The one reader of a suite file: one per table, each naming the file, the field and the fix."""
     path = _resolved(path)
     data, prefix = evalgate_tables(path)
     where = str(path)
@@ -233,9 +234,9 @@ def load_suite(path: str | Path, *, database: str | None = None) -> Suite:
     if kind not in ENGINES:
         raise fail(where, f"`{sec}kind` is {kind!r}", ENGINES.unknown(kind))
     engine_cls = ENGINES.load(kind)
-    engine = engine_cls.parse_config(dict(tables["engine"]), root, where, sec)
+    engine = engine_cls.parse_config(dict(tables["engine"]), root, where, sec, hub=hub)
     sampling = _sampling_table(tables["sampling"], where, f"{prefix}sampling.")
-    adapters = parse_adapters(tables["adapters"], root, where, f"{prefix}adapters.")
+    adapters = parse_adapters(tables["adapters"], root, where, f"{prefix}adapters.", hub=hub)
     if adapters:
         engine = _serving_adapters(engine_cls, engine, adapters, where, sec)
     lm_eval = _lm_eval_config(tables["lm_eval"], root, where, f"{prefix}lm_eval.", tuple(adapters)) \
@@ -473,40 +474,3 @@ def _lm_eval_chat(table: dict, where: str, sec: str) -> dict:
                     f"set {sec}apply_chat_template = true as well (lm-eval's rule)")
     return {"apply_chat_template": template, "system_instruction": instruction,
             "fewshot_as_multiturn": True if multiturn is None else multiturn}
-
-
-
-
-@dataclass(frozen=True)
-class HubWants:
-    """What `evalgate fetch` must bring for a suite: its Hub repos (field, repo id, revision) and its lm-eval
-    tasks. Read from the raw tables, because the full suite cannot load until the lock exists."""
-
-    path: Path
-    repos: tuple[tuple[str, str, str], ...]
-    lm_eval: LmEvalConfig | None
-
-
-def hub_wants(path: str | Path) -> HubWants:
-    path = Path(path).resolve()
-    data, prefix = evalgate_tables(path)
-    where, root, sec = str(path), path.parent, f"{prefix}engine."
-    engine = data.get("engine", {})
-    if not isinstance(engine, dict):
-        raise fail(where, f"`{prefix}engine` must be a table", f"write it as [{prefix}engine]")
-    repos = []
-    for key, revision_key in (("model", "revision"), ("tokenizer", "tokenizer_revision")):
-        value = typed(engine, key, str, where, sec)
-        if value and is_hub_id(value, root):
-            revision = typed(engine, revision_key, str, where, sec, default="main")
-            repos.append((f"{sec}{key}", value, revision))
-    adapters = data.get("adapters", {})
-    if not isinstance(adapters, dict):
-        raise fail(where, f"`{prefix}adapters` must be a table", f"write it as [{prefix}adapters]")
-    for name, value in adapters.items():
-        source, revision = adapter_source(name, value, where, f"{prefix}adapters.{name}")
-        if is_hub_id(source, root):
-            repos.append((f"{prefix}adapters.{name}", source, revision or "main"))
-    table = data.get("lm_eval")
-    lm_eval = _lm_eval_config(table, root, where, f"{prefix}lm_eval.", tuple(adapters)) if isinstance(table, dict) else None
-    return HubWants(path, tuple(repos), lm_eval)

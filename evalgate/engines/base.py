@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, MutableMapping
 from .. import kernels
 from ..configuration import config
 from ..configuration.config import COMMON_KEYS
+from ..configuration.lock import HubResolver, resolve_hub_repo
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..configuration.template_date import TemplateClock
 from ..errors import ConfigError
@@ -70,11 +71,13 @@ class Engine:
     tokenizer: Any  # the Hugging Face tokenizer the engine uses (lm-eval requests are tokenized with it)
 
     @classmethod
-    def parse_config(cls, table: dict, root: Path, where: str, section: str) -> EngineConfig:
-        """The default: evalgate's common keys, every other key passed through to the engine."""
+    def parse_config(cls, table: dict, root: Path, where: str, section: str, *,
+                     hub: HubResolver = resolve_hub_repo) -> EngineConfig:
+        """The default: evalgate's common keys, every other key passed through to the engine. `hub` turns a
+        Hub repo id into its directory (configuration/lock.py)."""
         return EngineConfig(
-            model=config.model_dir(table, root, where, section, required=cls.model_required),
-            tokenizer=config.tokenizer_dir(table, root, where, section),
+            model=config.model_dir(table, root, where, section, required=cls.model_required, hub=hub),
+            tokenizer=config.tokenizer_dir(table, root, where, section, hub=hub),
             batch_invariant=config.typed(table, "batch_invariant", bool, where, section, default=True),
             engine_args=config.json_values({k: v for k, v in table.items() if k not in cls.own_keys}, where, section),
         )

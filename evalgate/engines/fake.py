@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..configuration import config
+from ..configuration.lock import HubResolver, resolve_hub_repo
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..fingerprint import env_snapshot, hardware_component, model_component
 from ..records import Completion
@@ -78,7 +79,8 @@ class FakeEngine(Engine):
     serves_adapters = "started"
 
     @classmethod
-    def parse_config(cls, table: dict, root: Path, where: str, section: str) -> EngineConfig:
+    def parse_config(cls, table: dict, root: Path, where: str, section: str, *,
+                     hub: HubResolver = resolve_hub_repo) -> EngineConfig:
         lists = {}
         for name in VARY_KEYS:
             keys = config.typed(table, name, list, where, section, default=[])
@@ -89,7 +91,7 @@ class FakeEngine(Engine):
         if not 0 <= delay <= 60:
             raise config.fail(where, f"`{section}fake_seconds_per_wave` must be between 0 and 60, got {delay}",
                               "e.g. fake_seconds_per_wave = 0.2")
-        parsed = super().parse_config(table, root, where, section)
+        parsed = super().parse_config(table, root, where, section, hub=hub)
         # the fake keys are identity too: a fake suite that varies differently is another engine
         args = {**parsed.engine_args, **lists, "fake_seconds_per_wave": float(delay)}
         return dataclasses.replace(parsed, engine_args=args)

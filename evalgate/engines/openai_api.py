@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..configuration import config
 from ..configuration.config import check_keys, fail, typed
+from ..configuration.lock import HubResolver, resolve_hub_repo
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..errors import ConfigError, EngineError
 from ..fingerprint import component
@@ -73,7 +74,8 @@ class ServerConfig:
     startup_timeout: float = 600.0  # vllm-server: seconds to wait for /health
 
 
-def parse_server_config(kind: str, table: dict, root, where: str, sec: str) -> EngineConfig:
+def parse_server_config(kind: str, table: dict, root, where: str, sec: str,
+                        hub: HubResolver = resolve_hub_repo) -> EngineConfig:
     """Validate [engine] for a server kind (evalgate/configuration/config.py's strict style)."""
     if kind == "openai":
         check_keys(table, OPENAI_KEYS, where, sec)
@@ -81,8 +83,8 @@ def parse_server_config(kind: str, table: dict, root, where: str, sec: str) -> E
         if kind == "vllm-server" and key in table:
             raise fail(where, f"`{sec}{key}` is set by evalgate for kind = \"vllm-server\"", fix.format(sec=sec))
 
-    model = config.model_dir(table, root, where, sec, required=kind == "vllm-server")
-    tokenizer = config.tokenizer_dir(table, root, where, sec)
+    model = config.model_dir(table, root, where, sec, required=kind == "vllm-server", hub=hub)
+    tokenizer = config.tokenizer_dir(table, root, where, sec, hub=hub)
 
     api_key_env = typed(table, "api_key_env", str, where, sec)
     if api_key_env is not None and not ENV_NAME.match(api_key_env):
@@ -278,8 +280,9 @@ class OpenAIEngine(Engine):
     serves_adapters = "by_name"  # a request under an adapter names it as its `model` (vLLM's --lora-modules)
 
     @classmethod
-    def parse_config(cls, table: dict, root, where: str, section: str) -> EngineConfig:
-        return parse_server_config(cls.kind, table, root, where, section)
+    def parse_config(cls, table: dict, root, where: str, section: str, *,
+                     hub: HubResolver = resolve_hub_repo) -> EngineConfig:
+        return parse_server_config(cls.kind, table, root, where, section, hub)
 
     def __init__(self, suite: Suite, base_url: str | None = None):
         self.suite = suite

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..configuration.lock import HubResolver, resolve_hub_repo
 from ..errors import ConfigError, EngineError
 from ..fingerprint import env_snapshot
 from ..processes import set_parent_death_signal
@@ -201,8 +202,9 @@ class VllmServerEngine(OpenAIEngine):
     serves_adapters = "started"
 
     @classmethod
-    def parse_config(cls, table: dict, root, where: str, section: str) -> EngineConfig:
-        return parse_server_config(cls.kind, table, root, where, section)
+    def parse_config(cls, table: dict, root, where: str, section: str, *,
+                     hub: HubResolver = resolve_hub_repo) -> EngineConfig:
+        return parse_server_config(cls.kind, table, root, where, section, hub)
 
     def __init__(self, suite: Suite):
         self.suite = suite

@@ -157,6 +157,22 @@ def test_fetch_names_a_missing_repo_and_revision(cli, hub, tmp_path):
     assert not (project / "evalgate.lock").exists()
 
 
+def test_fetch_reads_the_whole_suite_as_every_command_does_and_writes_no_lock_for_a_wrong_one(cli, hub, tmp_path):
+    """One reader of a suite file: fetch goes through load_suite (its Hub resolver downloads), so a repo that is
+    not a model, or a mistake in any table, is exit 2 at fetch time, naming the field, and no lock is written."""
+    project = tmp_path / "project"
+    hub.model("acme/not-a-model").commit({"README.md": b"no config.json here"})
+    suite = write_suite(project, "acme/not-a-model", ["hello"], kind="fake")
+    refused = hub_cli(cli, hub, project)("fetch", suite, "--no-progress", check=2)
+    assert "`engine.model`" in refused.stderr and "no config.json" in refused.stderr
+    hub.model(REPO).commit(directory_files(bare_model(tmp_path / "weights", seed=1)))
+    suite = write_suite(project, REPO, ["hello"], kind="fake")
+    suite.write_text(suite.read_text().replace("[sampling]", "[sampling]\ntemprature = 0.5", 1))
+    typo = hub_cli(cli, hub, project)("fetch", suite, "--no-progress", check=2)
+    assert "temprature" in typo.stderr
+    assert not (project / "evalgate.lock").exists()
+
+
 def test_init_with_a_hub_id_pins_the_commit_and_writes_a_workflow_that_brings_the_model(cli, hub, tmp_path):
     import shutil
     import subprocess
@@ -230,17 +246,13 @@ def test_an_adapter_named_as_a_hub_id_is_fetched_pinned_and_its_new_commit_expla
     suite = write_suite(tmp_path / "project", REPO, lines, kind="fake", concurrency=(1,), shuffles=0, hot_pass=False)
     suite.write_text(suite.read_text() + '\n[adapters]\nsupport = { path = "acme/support-lora", revision = "main" }\n'
                      '\n[lm_eval]\ntasks = ["evalgate_arith"]\nadapter = "support"\n')
-    from evalgate.configuration.suite import hub_wants
-
-    wants = hub_wants(suite)  # what fetch brings: the model and the adapter ([lm_eval] adapter is read, not refused)
-    assert [repo for _, repo, _ in wants.repos] == [REPO, "acme/support-lora"] and wants.lm_eval.adapter == "support"
-    suite.write_text(suite.read_text().split("\n[lm_eval]")[0])
     project = tmp_path / "project"
     online, offline = hub_cli(cli, hub, project), hub_cli(cli, hub, project, **OFFLINE)
-    fetched = online("fetch", suite, "--no-progress", check=0)
+    fetched = online("fetch", suite, "--no-progress", check=0)  # [lm_eval] adapter is read (load_suite), not refused
     pins = {p["repo"]: p["commit"] for p in tomllib.loads((project / "evalgate.lock").read_text())["repo"]}
-    assert pins["acme/support-lora"] == first
+    assert pins["acme/support-lora"] == first and set(pins) == {REPO, "acme/support-lora"}
     assert f"adapters.support: acme/support-lora @ main: commit {first}" in fetched.stdout  # named by its role
+    suite.write_text(suite.read_text().split("\n[lm_eval]")[0])
     offline("baseline", "create", suite, check=0)
 
     adapter.commit({"adapter_config.json": config, "adapter_model.safetensors": b"support-2"})
