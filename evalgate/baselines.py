@@ -49,7 +49,7 @@ def nearest_baseline(store: Store, baselines: list, here: dict) -> int:
     """Of several classes' baselines, the nearest to this machine: the same platform (architecture, GPU or
     not), then the same GPU capability or CPU instruction-set family, then the same model; the newest first."""
     def kinship(baseline) -> tuple:
-        theirs = (store.fingerprint_of(baseline.run_id).get("hardware") or {}).get("data") or {}
+        theirs = store.fingerprint_of(baseline.run_id).part("hardware")
         mine = here["data"]
         gpus = [sorted(tuple(g.get("capability") or ()) for g in d.get("gpus") or []) for d in (mine, theirs)]
         return (theirs.get("machine") == mine.get("machine"), bool(gpus[0]) == bool(gpus[1]), gpus[0] == gpus[1],

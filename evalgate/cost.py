@@ -595,7 +595,7 @@ def _measure(suite: Suite, candidate: Candidate, index: int, count: int, schedul
         record = store.load(run_id)
         judged = judge_run(record, None, Judging(RUN_KIND))
         differing = judged.counts["batch_variance"]
-        engine = record.fingerprint.get("engine", {}).get("data", {})
+        engine = record.fingerprint.engine
         invariance = dict(engine.get("batch_invariance") or {})
         wave_tokens: dict[tuple[int, int], int] = defaultdict(int)
         wave_requests: dict[tuple[int, int], int] = defaultdict(int)

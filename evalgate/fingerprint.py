@@ -64,6 +64,84 @@ def component(data: Any, info: Any = None) -> dict[str, Any]:
     return {"hash": digest(data), "data": data, "info": info or {}}
 
 
+class RunFingerprint(dict):
+    """A run's fingerprint: {component: {"hash", "data", "info"}}, stored, hashed and written out as this plain
+    dict, and read back only through the accessors below (one reader: what `build_fingerprint` writes, these
+    read; a component absent from an older run reads as empty)."""
+
+    def part(self, name: str, key: str = "data") -> dict:
+        """A component's `data` (or `info`); {} when the run has no such component or the part is not a table."""
+        value = (self.get(name) or {}).get(key)
+        return value if isinstance(value, dict) else {}
+
+    def component_hash(self, name: str) -> str | None:
+        return (self.get(name) or {}).get("hash")
+
+    @property
+    def hardware(self) -> dict:
+        """The whole hardware component (its hash is the run's hardware class)."""
+        return self.get("hardware") or {}
+
+    @property
+    def engine(self) -> dict:
+        """What the engine recorded about itself: kind, versions, dtype, `args`, `batch_invariance`, ..."""
+        return self.part("engine")
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The allow-listed environment the engine started with (secret-looking values redacted)."""
+        return self.part("env")
+
+    def local_path(self, name: str) -> str | None:
+        """Where the `model` or `tokenizer` directory was on the machine that ran (info only)."""
+        return self.part(name, "info").get("path")
+
+    @property
+    def request_hashes(self) -> dict[str, str]:
+        """Request key -> its request hash (the suite component)."""
+        return self.part("suite").get("requests") or {}
+
+    @property
+    def tasks(self) -> dict:
+        """The lm-eval tasks' identity (configuration, documents, data files), {} without tasks."""
+        return self.part("suite").get("tasks") or {}
+
+    @property
+    def adapters(self) -> dict:
+        """The suite component's adapters section as stored: `files` (adapter -> its files' hashes) and
+        `requests` (key -> {"adapter", "own"}); {} when no request ran under an adapter."""
+        return self.part("suite").get("adapters") or {}
+
+    @property
+    def adapter_files(self) -> dict[str, dict[str, str]]:
+        return self.adapters.get("files") or {}
+
+    @property
+    def request_adapters(self) -> dict[str, str]:
+        """Request key -> the adapter it ran under (requests of the base model are absent)."""
+        return {key: entry["adapter"] for key, entry in (self.adapters.get("requests") or {}).items()}
+
+    def own_hash(self, key: str) -> str | None:
+        """A request's hash without its adapter: its text and sampling alone (its request hash without one)."""
+        entry = (self.adapters.get("requests") or {}).get(key)
+        return entry.get("own") if entry is not None else self.request_hashes.get(key)
+
+    @property
+    def adapter_paths(self) -> dict[str, str]:
+        """Adapter -> where its files were (info only: the repro pack loads them from there)."""
+        return self.part("suite", "info").get("adapters") or {}
+
+    @property
+    def unscored(self) -> dict[str, list[str]]:
+        """Adapter -> its modules whose delta a rescoring leaves out (vllm#51594; `adapters_info`)."""
+        return self.part("suite", "info").get("unscored") or {}
+
+    @property
+    def template_date(self) -> str | None:
+        """The date the chat templates rendered with, when one read the calendar."""
+        return self.part("prompt").get("template_date")
+
+
 def fingerprint_hash(fingerprint: dict[str, dict]) -> str:
     return digest({name: comp["hash"] for name, comp in sorted(fingerprint.items())})
 
@@ -380,11 +458,11 @@ def adapters_info(adapters: dict) -> dict:
         info["unscored"] = unscored
     return info
 
-def build_fingerprint(suite, engine) -> dict[str, dict]:
+def build_fingerprint(suite, engine) -> RunFingerprint:
     """All components for a run of `suite` on a loaded `engine`."""
     # An engine without a local model directory (a remote server) describes its model and tokenizer itself.
     own = engine.identity_components()
-    return {
+    return RunFingerprint({
         "model": own.get("model") or model_component(suite.model),
         "tokenizer": own.get("tokenizer") or tokenizer_component(suite.tokenizer or suite.model),
         "engine": component({**engine.identity(), "renderers": renderer_versions()}, engine.identity_info()),
@@ -396,4 +474,4 @@ def build_fingerprint(suite, engine) -> dict[str, dict]:
         "prompt": component(engine.template_clock.identity()),
         "hardware": hardware_component(),
         "env": component(engine.launch_env),
-    }
+    })

@@ -12,7 +12,7 @@ from .baselines import accept, adopt_run, find_baseline
 from .configuration.schedule import Schedule
 from .configuration.shard import Shard
 from .configuration.suite import Suite
-from .configuration.template_date import dated, recorded_template_date
+from .configuration.template_date import dated
 from .errors import ConfigError, EngineError
 from .execution.request import Progress, RunRequest
 from .execution.rescore import Rescore
@@ -82,7 +82,7 @@ def check(suite: Suite, store: Store | str | None = None, *, schedule: Schedule 
     url = suite_database(suite, store)
     found = existing_store(url)
     choice = find_baseline(suite, found, url, against)
-    suite = dated(suite, recorded_template_date(found.fingerprint_of(choice.run_id)))  # the baseline's calendar
+    suite = dated(suite, found.fingerprint_of(choice.run_id).template_date)  # the baseline's calendar
     request = RunRequest(suite, url, "check", schedule or suite.schedule, shard=shard,
                          labels={"shard_group": _group(shard, group)}, show_engine_output=show_engine_output,
                          rescore=Rescore(own=True, of_run=choice.run_id) if choice.cross else None)
@@ -159,9 +159,7 @@ def merged_suite_component(members) -> dict:
     """The `suite` component of shards merged into one run: every shard's request hashes, and its adapters'
     section (which adapter each request ran under, their files), so the merge is judged as the shards were."""
     data: dict = {"requests": {k: r.request_hash for rec in members for k, r in rec.requests.items()}}
-    sections = [((rec.fingerprint.get("suite") or {}).get("data") or {}).get("adapters") for rec in members]
-    sections = [s for s in sections if s]
+    sections = [rec.fingerprint.adapters for rec in members if rec.fingerprint.adapters]
     if sections:
         data["adapters"] = {part: {k: v for s in sections for k, v in s[part].items()} for part in ("files", "requests")}
-    info = (members[0].fingerprint.get("suite") or {}).get("info")
-    return component(data, info)
+    return component(data, members[0].fingerprint.part("suite", "info"))

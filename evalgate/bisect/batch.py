@@ -43,7 +43,6 @@ from ..configuration.adapters import BASE_MODEL
 from ..configuration.prompts import Prompt
 from ..configuration.schedule import passes_of
 from ..errors import ConfigError
-from ..judgement.adapters import request_adapters
 from ..judgement.compare import Divergence, first_divergence, within_run
 from ..judgement.factors import is_batch_factor, remedies, words
 from ..probes.adapter_mix import CONTROL as MIX_CONTROL
@@ -230,7 +229,7 @@ def bisect_batch(store: Store, run_id: int, key: str, *, on: str = "auto", repro
     check_request(record, key)
     config = RunConfig.of(record)
     suite = suite_of(record, config)
-    under = request_adapters(record.fingerprint)  # each request under its own adapter, as it ran
+    under = record.fingerprint.request_adapters  # each request under its own adapter, as it ran
     stored = {k: replace(prompt_of(record.requests[k]), adapter=under.get(k)) for k in record.requests}
     reference, other, order, neighbours, skipped, rebuilt = flipping_wave(record, run_id, key, stored,
                                                                          sorted(suite.adapters))

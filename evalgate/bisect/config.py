@@ -70,13 +70,12 @@ def setting_differences(a: RunRecord, b: RunRecord) -> tuple[list[Setting], list
             fixed.append(f"env {name}: a secret-looking variable whose value is never stored")
         else:
             settings.append(Setting("env", name, value_a, value_b))
-    engine_a = a.fingerprint.get("engine", {}).get("data", {})
-    engine_b = b.fingerprint.get("engine", {}).get("data", {})
+    engine_a, engine_b = a.fingerprint.engine, b.fingerprint.engine
     for name in sorted(set(engine_a) | set(engine_b)):
         if name not in _DERIVED_ENGINE_FIELDS and engine_a.get(name) != engine_b.get(name):
             fixed.append(f"engine {name}: {engine_a.get(name)!r} -> {engine_b.get(name)!r} (installation)")
     for component in ("model", "tokenizer", "code", "hardware"):
-        if a.fingerprint.get(component, {}).get("hash") != b.fingerprint.get(component, {}).get("hash"):
+        if a.fingerprint.component_hash(component) != b.fingerprint.component_hash(component):
             fixed.append(f"{component} component")
     return settings, fixed
 

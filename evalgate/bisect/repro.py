@@ -34,7 +34,6 @@ from ..configuration.schedule import passes_of
 from ..errors import ConfigError
 from ..fingerprint import ENV_IGNORED, ENV_PREFIXES, REDACTED
 from ..fingerprint import delta as fingerprint_delta
-from ..judgement.adapters import request_adapters
 from ..judgement.compare import Divergence, first_divergence, within_run
 from ..judgement.factors import is_batch_factor, words
 from ..records import Completion, unpack_ids
@@ -189,18 +188,18 @@ def default_batches(store: Store, record: RunRecord, key: str) -> tuple[str, str
 
 
 def engine_doc(record: RunRecord) -> dict:
-    engine = record.fingerprint.get("engine", {}).get("data", {})
+    engine = record.fingerprint.engine
     args = dict(engine.get("args", {}))
     args.setdefault("seed", 0)  # evalgate's default (evalgate/engines/vllm_offline.py)
-    model = record.fingerprint.get("model", {}).get("info", {}).get("path")
-    tokenizer = record.fingerprint.get("tokenizer", {}).get("info", {}).get("path") or model
+    model = record.fingerprint.local_path("model")
+    tokenizer = record.fingerprint.local_path("tokenizer") or model
     if model is None:
         from .trials import suite_of
 
         suite = suite_of(record)
         model, tokenizer = str(suite.model), str(suite.tokenizer or suite.model)
     # each LoRA adapter the run's requests used: where its files were (the pack loads them from there)
-    adapters = (record.fingerprint.get("suite", {}).get("info") or {}).get("adapters") or {}
+    adapters = record.fingerprint.adapter_paths
     return {"model": model, "tokenizer": tokenizer, "engine_args": args, **({"adapters": adapters} if adapters else {}),
             "recorded": {k: engine.get(k) for k in ("kind", "vllm", "torch", "platform", "dtype", "enforce_eager",
                                                    "prefix_caching", "chunked_prefill", "max_num_seqs",
@@ -208,8 +207,7 @@ def engine_doc(record: RunRecord) -> dict:
 
 
 def env_doc(record: RunRecord) -> dict:
-    env = record.fingerprint.get("env", {}).get("data", {})
-    env = env if isinstance(env, dict) else {}
+    env = record.fingerprint.env
     return {"variables": {k: v for k, v in sorted(env.items()) if v != REDACTED},
             "redacted_left_out": sorted(k for k, v in env.items() if v == REDACTED),
             # names the run's fingerprint watches: the script unsets the watched names the run did not have
@@ -247,7 +245,7 @@ def write_repro(store: Store, run_id: int, key: str, out_dir: Path, *, batches: 
 
     # requests.json: one entry per distinct request (a key whose text differs between the runs gets its own id)
     requests: dict[str, dict] = {}
-    adapters = request_adapters(record.fingerprint)  # the LoRA adapter each request ran under
+    adapters = record.fingerprint.request_adapters  # the LoRA adapter each request ran under
     batch_docs = []
     for b in batches:
         ids = []

@@ -33,11 +33,10 @@ class RunConfig:
 
     @classmethod
     def of(cls, record: RunRecord) -> "RunConfig":
-        engine = record.fingerprint.get("engine", {}).get("data", {})
-        env = record.fingerprint.get("env", {}).get("data", {})
+        engine = record.fingerprint.engine
         return cls(engine_args=dict(engine.get("args", {})),
                    batch_invariant=bool(engine.get("batch_invariance", {}).get("requested", False)),
-                   env=dict(env) if isinstance(env, dict) else {})
+                   env=dict(record.fingerprint.env))
 
     def worker_env(self) -> dict[str, str | None]:
         """The environment changes that make a child process start its engine with exactly this allow-listed

@@ -97,7 +97,7 @@ def runs_show(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = Su
         "started_at": _when(run.started_at), "finished_at": _when(run.finished_at), "error": run.error,
         "summary": run.summary, "owner": run.owner, "engine_log": run.engine_log, "schedule": run.schedule,
         "fingerprint": {name: comp["hash"][:16] for name, comp in record.fingerprint.items()},
-        "engine": record.fingerprint.get("engine", {}).get("data"),
+        "engine": record.fingerprint.engine or None,
         "requests": len(record.requests), "outputs": sum(len(v) for v in record.outputs.values()),
         "scores": [{"task": sc.task, "metric": sc.metric, "value": sc.value, "stderr": sc.stderr}
                    for sc in store.load_scores(run_id)[0]],

@@ -74,11 +74,6 @@ def dated(suite, recorded: str | None = None):
     return replace(suite, template_date=resolve_template_date(suite.template_date, recorded))
 
 
-def recorded_template_date(fingerprint: dict) -> str | None:
-    """The date a run's chat templates rendered with, from its fingerprint (None: none read the calendar)."""
-    return ((fingerprint.get("prompt") or {}).get("data") or {}).get("template_date")
-
-
 class TemplateClock:
     """`strftime_now` for chat templates, pinned to one moment (or the wall clock), recording which
     requests' renders called it."""

@@ -1,32 +1,20 @@
-"""What a run's fingerprint says about its LoRA adapters (the `suite` component's `adapters` section,
-configuration/suite.py `Suite.identity`): which adapter each request ran under, and whether a request's
-change from the baseline is its adapter's (files or name) or its own text and sampling, or both.
+"""What two runs' fingerprints say about their LoRA adapters (the `suite` component's `adapters` section,
+configuration/suite.py `Suite.identity`, read through `RunFingerprint`): whether a request's change from the
+baseline is its adapter's (files or name) or its own text and sampling, or both.
 """
 
 from __future__ import annotations
 
-
-def _section(fingerprint: dict) -> dict:
-    return ((fingerprint.get("suite") or {}).get("data") or {}).get("adapters") or {}
+from ..fingerprint import RunFingerprint
 
 
-def request_adapters(fingerprint: dict) -> dict[str, str]:
-    """Request key -> the adapter it ran under (requests of the base model are absent)."""
-    return {key: entry["adapter"] for key, entry in (_section(fingerprint).get("requests") or {}).items()}
+def _parts(fingerprint: RunFingerprint, key: str) -> tuple[str | None, dict | None, str | None]:
+    """A request's (adapter name, adapter files, own hash)."""
+    adapter = fingerprint.request_adapters.get(key)
+    return adapter, fingerprint.adapter_files.get(adapter) if adapter else None, fingerprint.own_hash(key)
 
 
-def _parts(fingerprint: dict, key: str) -> tuple[str | None, dict | None, str | None]:
-    """A request's (adapter name, adapter files, own hash); the own hash of a request without an adapter is
-    its request hash."""
-    section = _section(fingerprint)
-    entry = (section.get("requests") or {}).get(key)
-    if entry is None:
-        own = (((fingerprint.get("suite") or {}).get("data") or {}).get("requests") or {}).get(key)
-        return None, None, own
-    return entry["adapter"], (section.get("files") or {}).get(entry["adapter"]), entry.get("own")
-
-
-def request_change(baseline: dict, current: dict, key: str) -> list[str]:
+def request_change(baseline: RunFingerprint, current: RunFingerprint, key: str) -> list[str]:
     """Why a request's hash moved: "adapter" (it runs under another adapter, or its adapter's files changed),
     "suite" (its own text or sampling changed), or both."""
     name_a, files_a, own_a = _parts(baseline, key)
@@ -39,10 +27,10 @@ def request_change(baseline: dict, current: dict, key: str) -> list[str]:
     return moved or ["suite"]
 
 
-def describe_adapters(baseline: dict, current: dict) -> str | None:
+def describe_adapters(baseline: RunFingerprint, current: RunFingerprint) -> str | None:
     """`support: files changed: adapter_model.safetensors; legal: new` for the adapters that differ between
     two runs (None: none differ)."""
-    old, new = _section(baseline).get("files") or {}, _section(current).get("files") or {}
+    old, new = baseline.adapter_files, current.adapter_files
     parts = []
     for name in sorted(set(old) | set(new)):
         a, b = old.get(name), new.get(name)

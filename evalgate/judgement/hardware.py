@@ -163,7 +163,7 @@ def across_hardware(verdicts: list[RequestVerdict], current: RunRecord, baseline
     """Every difference from the other class's baseline classified (module docstring): the verdicts as the
     classes decide them, and the section that says how. `here`: this check's rescoring of the baseline's
     tokens; `there`: the baseline's own, on its class."""
-    engine = (current.fingerprint.get("engine") or {}).get("data") or {}
+    engine = current.fingerprint.engine
     tolerance = policy.tolerance(engine.get("dtype"))
     counts = dict.fromkeys(CLASSES, 0)
     flips, notes, decided = [], [], []
@@ -205,34 +205,27 @@ def across_hardware(verdicts: list[RequestVerdict], current: RunRecord, baseline
                      "check): the envelope is not measured, and only ε and the decode logprobs decide")
     if here is None:
         notes.append("this check has no rescoring of the baseline's tokens: every flip is confident")
-    for adapter, modules in sorted(_unscored_adapters(current).items()):
+    for adapter, modules in sorted(current.fingerprint.unscored.items()):
         if adapter in unscored.values():
             notes.append(f"requests under adapter {adapter!r} ({', '.join(modules)}: vLLM leaves that LoRA delta out of "
                          "prompt_logprobs, vllm#51594) are judged without rescoring: their decode logprobs decide a "
                          "drift, and every token flip is confident")
     return decided, AcrossHardware(
-        baseline_class=baseline.run.hardware_class, baseline_label=hardware_label(baseline.fingerprint.get("hardware") or {}),
-        here_class=current.run.hardware_class, here_label=hardware_label(current.fingerprint.get("hardware") or {}),
+        baseline_class=baseline.run.hardware_class, baseline_label=hardware_label(baseline.fingerprint.hardware),
+        here_class=current.run.hardware_class, here_label=hardware_label(current.fingerprint.hardware),
         mode=policy.other_hardware, tolerance=tolerance, counts=counts, compared=compared,
         envelope=envelope(here, there, skip=set(unscored)), flips=flips, notes=notes)
 
 
 
-def _unscored_adapters(record: RunRecord) -> dict[str, list[str]]:
-    """The run's adapters whose rescorings leave out a module's delta (fingerprint.adapters_info): name -> modules."""
-    return ((record.fingerprint.get("suite") or {}).get("info") or {}).get("unscored") or {}
-
-
 def unscored_requests(record: RunRecord) -> dict[str, str]:
     """The run's requests under such an adapter: key -> adapter (the suite component's adapters section)."""
-    adapters = _unscored_adapters(record)
-    section = ((record.fingerprint.get("suite") or {}).get("data") or {}).get("adapters") or {}
-    return {key: entry["adapter"] for key, entry in (section.get("requests") or {}).items()
-            if entry.get("adapter") in adapters}
+    unscored = record.fingerprint.unscored
+    return {key: adapter for key, adapter in record.fingerprint.request_adapters.items() if adapter in unscored}
 
 def machine_bound(baseline: RunRecord, current: RunRecord) -> bool:
     """Whether the engine components differ only where the machine decides (MACHINE_KEYS)."""
-    theirs, mine = ((record.fingerprint.get("engine") or {}).get("data") or {} for record in (baseline, current))
+    theirs, mine = baseline.fingerprint.engine, current.fingerprint.engine
     return {key for key in set(theirs) | set(mine) if theirs.get(key) != mine.get(key)} <= MACHINE_KEYS
 
 

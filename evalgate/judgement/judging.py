@@ -52,7 +52,7 @@ def judge_run(current: RunRecord, baseline: RunRecord | None = None, judging: Ju
     the sections that read more of it too: the lm-eval metrics, the rescorings across hardware and the
     rotating preset's coverage."""
     policy = judging.policy or GatePolicy.from_dict((current.run.schedule or {}).get("gate"))
-    engine = current.fingerprint.get("engine", {}).get("data", {})
+    engine = current.fingerprint.engine
     policy = policy.for_dtype(engine.get("dtype"))  # the near-tie margin, by the dtype unless the suite sets it
     changed = fingerprint_delta(baseline.fingerprint, current.fingerprint) if baseline else []
     decided = judge_requests(current, baseline, policy, changed, judging.scope())
@@ -77,7 +77,7 @@ def judge_run(current: RunRecord, baseline: RunRecord | None = None, judging: Ju
         alone_coverage=store.alone_coverage(current.run, schedule["rotation"], min(schedule["concurrency"]))
         if store is not None and schedule.get("preset") == ROTATING else None,
         policy=policy, hardware=hardware, hardware_class=current.run.hardware_class,
-        hardware_label=hardware_label(current.fingerprint.get("hardware") or {}),
+        hardware_label=hardware_label(current.fingerprint.hardware),
         prompts=prompts_compared(current, baseline) if baseline is not None else None,
         template_date=template_date_of(current, baseline))
     return replace(report, promoted=promotes(report, allow_variance=judging.allow_variance, shard=judging.shard))

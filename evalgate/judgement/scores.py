@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..configuration.policy import DEFAULT_METRIC_ALPHA
+from ..fingerprint import RunFingerprint
 from ..store import Store
 from .paired import PairedTest, higher_is_better, paired_test
 
@@ -71,13 +72,10 @@ def compare_scores(store: Store, run_id: int, baseline_run_id: int | None, verdi
     return rows
 
 
-def task_changes(baseline_fingerprint: dict, current_fingerprint: dict) -> dict[str, str]:
+def task_changes(baseline_fingerprint: RunFingerprint, current_fingerprint: RunFingerprint) -> dict[str, str]:
     """Which lm-eval tasks changed between two runs' `suite` identities, and how (configuration, documents,
     data files, lm-eval version or settings): a changed data file is named even when no request changed because of it."""
-    def tasks(fp: dict) -> dict:
-        return ((fp.get("suite") or {}).get("data") or {}).get("tasks") or {}
-
-    old, new = tasks(baseline_fingerprint), tasks(current_fingerprint)
+    old, new = baseline_fingerprint.tasks, current_fingerprint.tasks
     changes: dict[str, str] = {}
     for key in ("lm_eval", "settings"):
         if old.get(key) != new.get(key) and old and new:

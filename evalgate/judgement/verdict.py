@@ -20,9 +20,8 @@ from typing import Any, TypedDict
 
 from ..configuration.policy import BITS_ONLY, GatePolicy
 from ..configuration.schedule import HOT, UNKNOWN, Pass, passes_of
-from ..configuration.template_date import recorded_template_date
 from ..store import RunRecord
-from .adapters import request_adapters, request_change
+from .adapters import request_change
 from .compare import Comparisons, Divergence, disagreement_of, pass_pairs
 from .factors import comparison_label
 from .prompts import PromptChange, prompt_change
@@ -158,7 +157,7 @@ def judge_requests(current: RunRecord, baseline: RunRecord | None, policy: GateP
     if baseline is not None:
         verdicts += [RequestVerdict(key, "missing", base_request.location, components=["suite"])
                      for key, base_request in baseline.requests.items() if key not in current.requests and in_scope(key)]
-    adapters = {**(request_adapters(baseline.fingerprint) if baseline else {}), **request_adapters(current.fingerprint)}
+    adapters = {**(baseline.fingerprint.request_adapters if baseline else {}), **current.fingerprint.request_adapters}
     if adapters:
         verdicts = [replace(v, adapter=adapters.get(v.key)) for v in verdicts]
     return Decided(verdicts, varying, pairs)
@@ -216,10 +215,10 @@ def baseline_verdict(key: str, request, current: RunRecord, baseline: RunRecord,
 
 def template_date_of(current: RunRecord, baseline: RunRecord | None) -> dict[str, Any] | None:
     """The date the run's chat templates rendered with, beside the baseline's, when a template read it."""
-    date = recorded_template_date(current.fingerprint)
+    date = current.fingerprint.template_date
     if date is None:
         return None
-    return {"date": date, "baseline_date": recorded_template_date(baseline.fingerprint) if baseline else None}
+    return {"date": date, "baseline_date": baseline.fingerprint.template_date if baseline else None}
 
 
 def _baseline_pairs(current: RunRecord, baseline: RunRecord, key: str, pairs: list[PassPair], *,

@@ -6,6 +6,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..errors import ConfigError
+from ..fingerprint import RunFingerprint
 from .base import StoreBase
 from .models import Baseline, Fingerprint, Run, utcnow
 
@@ -46,12 +47,12 @@ class BaselineStore(StoreBase):
 
         return self.write(write)
 
-    def fingerprint_of(self, run_id: int) -> dict:
+    def fingerprint_of(self, run_id: int) -> RunFingerprint:
         """A run's fingerprint components, without loading the run."""
         with self.session() as s:
             components = s.scalar(select(Fingerprint.components).join(Run, Run.fingerprint_hash == Fingerprint.hash)
                                   .where(Run.id == run_id))
-        return components or {}
+        return RunFingerprint(components or {})
 
     def baseline_for(self, suite_name: str, hardware_class: str) -> int | None:
         with self.session() as s:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from ..fingerprint import RunFingerprint
 from ..records import Completion, StoredCompletion
 from .models import Request
 
@@ -38,9 +39,13 @@ class RunRecord:
     plain dict for a run held in memory, `StoredOutputs` for a stored one."""
 
     run: Any
-    fingerprint: dict[str, dict]
+    fingerprint: RunFingerprint  # a plain dict of components is read through RunFingerprint
     requests: Mapping[str, Any]  # key -> a row with Request's columns as attributes, prompts-file order
     outputs: Mapping[str, list[Completion]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.fingerprint, RunFingerprint):
+            self.fingerprint = RunFingerprint(self.fingerprint)
 
     @property
     def id(self) -> int:

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from ..collector import collector_paused
 from ..errors import ConfigError
-from ..fingerprint import fingerprint_hash
+from ..fingerprint import RunFingerprint, fingerprint_hash
 from ..owners import current_owner
 from ..records import Completion, EncodedPass, encode_pass, pack_ids
 from .base import StoreBase
@@ -39,7 +39,7 @@ class RunStore(StoreBase):
         self._check_fits(suite)
 
         # the suite component holds every request's hash already: hashing 5,000 prompts again costs 0.1 s
-        hashes = (fingerprint.get("suite", {}).get("data") or {}).get("requests") or {}
+        hashes = RunFingerprint(fingerprint).request_hashes
         locations = suite.locations
         with collector_paused():
             rows = [(p.key, hashes.get(p.key) or suite.request_hash(p), p.text, pack_ids(prompt_ids[p.key]),

@@ -11,7 +11,7 @@ from evalgate.bisect.config import Setting, setting_differences, trial_config
 from evalgate.bisect.ddmin import BudgetExhausted, ddmin, naive_trials
 from evalgate.bisect.session import Bisection, Bounds, TrialOutcome
 from evalgate.bisect.trials import RunConfig
-from evalgate.fingerprint import REDACTED
+from evalgate.fingerprint import REDACTED, RunFingerprint
 from evalgate.store import open_store
 
 
@@ -103,7 +103,7 @@ def _record(engine_args, env, *, requested=False, hashes=None, vllm="0.32.0"):
     }
     for name, value in (hashes or {}).items():
         fingerprint[name] = {"hash": value, "data": {}}
-    return SimpleNamespace(fingerprint=fingerprint)
+    return SimpleNamespace(fingerprint=RunFingerprint(fingerprint))
 
 
 def test_setting_differences_split_toggleable_from_fixed():

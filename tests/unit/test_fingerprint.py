@@ -438,3 +438,20 @@ class ne:
 
     def __repr__(self):
         return f"ne({self.value!r})"
+
+
+def test_a_run_fingerprint_is_read_through_one_typed_reader_and_absent_parts_read_empty():
+    from evalgate.fingerprint import RunFingerprint, component
+
+    suite = {"requests": {"a": "ha", "b": "hb"},
+             "adapters": {"files": {"legal": {"w.safetensors": "1"}}, "requests": {"b": {"adapter": "legal", "own": "ob"}}}}
+    fp = RunFingerprint({"suite": component(suite, {"adapters": {"legal": "/x"}, "unscored": {"legal": ["lm_head"]}}),
+                         "engine": component({"dtype": "float32"}), "prompt": component({"template_date": "2026-01-02"})})
+    assert fp.request_adapters == {"b": "legal"} and fp.adapter_files == {"legal": {"w.safetensors": "1"}}
+    assert (fp.own_hash("a"), fp.own_hash("b")) == ("ha", "ob")  # without an adapter, the request hash itself
+    assert (fp.adapter_paths, fp.unscored) == ({"legal": "/x"}, {"legal": ["lm_head"]})
+    assert (fp.engine, fp.template_date, fp.component_hash("engine")) == ({"dtype": "float32"}, "2026-01-02",
+                                                                           component({"dtype": "float32"})["hash"])
+    old = RunFingerprint({"engine": {"hash": "e", "data": "not a table"}})  # an older run, a component missing
+    assert (old.engine, old.env, old.hardware, old.request_adapters, old.tasks, old.template_date) == ({}, {}, {}, {}, {}, None)
+    assert json.loads(json.dumps(fp)) == dict(fp)  # stored and hashed as the plain dict it is
