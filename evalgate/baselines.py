@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .codec import to_json
 from .configuration.suite import Suite
 from .errors import ConfigError, NoBaselineError
 from .fingerprint import hardware_component, hardware_label
@@ -100,7 +101,7 @@ def adopt_run(store: Store, run_id: int) -> Run:
     receipt = {"adopted_from": run.baseline_run_id, "from_class": section.baseline_class,
                "from_label": section.baseline_label, "label": section.here_label, "counts": section.counts,
                "compared": section.compared, "envelope": section.envelope,
-               "tolerance": section.tolerance.to_dict(), "mode": section.mode,
+               "tolerance": to_json(section.tolerance), "mode": section.mode,
                "rescored": bool(store.load(run_id, rescoring=OWN_RESCORING).digests)}
     adopted = store.promote(run_id, receipt)
     record_update(store, run_id, "adopted", promoted=True, hardware=replace(section, adopted=True))

@@ -31,8 +31,9 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .codec import to_json
 from .configuration.config import check_keys, not_json, read_toml
 from .configuration.schedule import Schedule
 from .configuration.suite import Suite
@@ -40,6 +41,9 @@ from .engines.base import COMMON_KEYS, INVARIANCE_PLATFORMS
 from .errors import ConfigError, EngineError, EvalgateError, ExitCode, MissingDependency
 from .processes import peak_rss
 from .store import existing_store
+
+if TYPE_CHECKING:
+    from .judgement.verdict import FactorRow
 
 COST_SCHEMA = "evalgate.cost/1"
 RUN_KIND = "cost"
@@ -358,13 +362,13 @@ def level_figures(passes: list[dict], wave_tokens: dict[tuple[int, int], int],
     return out
 
 
-def varying_factors(factors: list[dict]) -> dict[str, int]:
+def varying_factors(factors: list[FactorRow]) -> dict[str, int]:
     """factor -> the most requests that differ under one comparison of it (verdict.factor_summary)."""
     out: dict[str, int] = {}
     for f in factors:
-        if f["differing"]:
-            name = f["factor"] or "unattributed"
-            out[name] = max(out.get(name, 0), f["differing"])
+        if f.differing:
+            name = f.factor or "unattributed"
+            out[name] = max(out.get(name, 0), f.differing)
     return out
 
 
@@ -611,7 +615,7 @@ def _measure(suite: Suite, candidate: Candidate, index: int, count: int, schedul
         wall = time.perf_counter() - started
         store.finish_run(
             run_id, status="complete", verdict="invariant" if differing == 0 else "variant", exit_code=0,
-            summary=judged.counts, verdicts=[v.to_dict() for v in judged.verdicts if v.verdict != "stable"],
+            summary=judged.counts, verdicts=[to_json(v) for v in judged.verdicts if v.verdict != "stable"],
             schedule={**record.run.schedule, "timings": dict(timings),
                       "cost": {"candidate": candidate.name, "config": candidate.config()}},
         )

@@ -53,7 +53,7 @@ class MachineRow:
 
 def machine_table(report: Report) -> list[MachineRow]:
     """The survey's table: one row per comparison, in the order the run made them."""
-    return [MachineRow(f["comparison"], f["factor"], f["differing"], f.get("compared", 0)) for f in report.factors]
+    return [MachineRow(f.comparison, f.factor, f.differing, f.compared or 0) for f in report.factors]
 
 
 def how_they_differ(report: Report) -> tuple[int, int]:
@@ -68,7 +68,7 @@ def failing_factors(report: Report) -> list[str]:
     first (a verdict names the first comparison at which its request differs)."""
     if not report.failing:
         return []
-    differing = [f["factor"] for f in report.factors if f["differing"]]
+    differing = [f.factor for f in report.factors if f.differing]
     if report.policy.fail_on != "bits":
         flipped = {v.factor for v in report.failing}
         differing = [f for f in differing if f in flipped]

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..codec import to_json
 from ..configuration.adapters import BASE_MODEL
 from ..configuration.prompts import Prompt
 from ..configuration.schedule import passes_of
@@ -109,7 +110,7 @@ class BatchResult:
                 "status": self.status, "reason": self.reason, "source": self.source, "neighbours": self.neighbours,
                 "alone": _out(self.alone), "flipped": _out(self.flipped), "concurrency": self.concurrency,
                 "minimal": self.minimal, "proven_minimal": self.proven_minimal, "reproduced": self.reproduced,
-                "divergence": self.divergence.to_dict() if self.divergence else None, "evidence": self.evidence,
+                "divergence": to_json(self.divergence), "evidence": self.evidence,
                 "engine_runs": self.trials, "naive_engine_runs": self.naive,
                 "trials": {"total": self.trials, "concurrency_search": self.trials_concurrency,
                            "ddmin": self.trials_ddmin, "naive_concurrency_scan": self.naive_concurrency,
@@ -339,7 +340,7 @@ class _Trials(TrialEngine):
             if self.reference is None:
                 return TrialOutcome("reference", detail=detail)
             div = first_divergence(self.reference, c)
-            detail["divergence"] = div.to_dict() if div else None
+            detail["divergence"] = to_json(div)
             return TrialOutcome("good" if same(self.reference, c, self.on) else "bad", detail=detail)
 
         outcome = self.bisection.trial(label, {"batch": keys, "size": len(keys)}, trial)

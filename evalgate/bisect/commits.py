@@ -46,6 +46,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..codec import to_json
 from ..configuration.config import resolve_database_url
 from ..configuration.suite import load_suite
 from ..errors import ConfigError, EngineError, EvalgateError
@@ -559,7 +560,7 @@ def _judge(state: dict, git: Git, bisection: Bisection) -> TrialOutcome:
     for key in keys:
         if not same(reference[key][0], outputs[key]):
             divergence = first_divergence(reference[key][0], outputs[key])
-            differ[key] = divergence.to_dict() if divergence else None
+            differ[key] = to_json(divergence)
     detail = {"engine_run": True, "requests": len(keys), "differing": list(differ), "first_divergence": differ}
     if missing:
         detail["missing"] = missing

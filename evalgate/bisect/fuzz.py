@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..codec import to_json
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..configuration.suite import Suite, load_suite, with_fail_on
 from ..configuration.trace import (
@@ -277,7 +278,7 @@ class _Trials(TrialEngine):
                 self.drift_keys += [k for k in drifted if k not in self.drift_keys]
             if changed:
                 div = first_divergence(self.reference[changed[0]], got[changed[0]])
-                detail["divergence"] = div.to_dict() if div else None
+                detail["divergence"] = to_json(div)
                 detail["max_logprob_delta"] = max_logprob_delta(self.reference[changed[0]], got[changed[0]])
                 if self.best is None or len(trace.traffic) < self.best["events"]:
                     self.best = {"trial": self.bisection.steps + 1, "events": len(trace.traffic), "key": changed[0]}
@@ -328,7 +329,7 @@ def _search_job(*, setup: SearchSetup, search: FuzzSearch, result: FuzzResult, p
         result.cause = cancel_or_neighbours(trials, shrunk, key) if shrunk else None
         observed = trials.replay(shrunk, [_prompt(trials, key)])[key] if shrunk else got[key]
         div = first_divergence(target, observed)
-        result.observed_ids, result.divergence = observed.output_ids.tolist(), div.to_dict() if div else None
+        result.observed_ids, result.divergence = observed.output_ids.tolist(), to_json(div)
         if shrunk is None:
             result.reason = "the change needs the other gated requests where they were: it was not shrunk"
     result.trials = trials.bisection.steps

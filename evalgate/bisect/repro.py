@@ -29,6 +29,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..codec import to_json
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..configuration.schedule import passes_of
 from ..errors import ConfigError
@@ -267,11 +268,11 @@ def write_repro(store: Store, run_id: int, key: str, out_dir: Path, *, batches: 
     expected = {"schema": PACK_SCHEMA, "run": record.id, "target": key, "kind": kind, "mode": mode,
                 "criterion": criterion, "expected": {"from": batches[0].source, **output_doc(batches[0].expected)},
                 "observed": {"from": batches[-1].source, **output_doc(batches[-1].expected)},
-                "first_divergence": divergence.to_dict() if divergence is not None else None}
+                "first_divergence": to_json(divergence)}
     if kind == "explained_change":
         base = store.load(record.run.baseline_run_id)
         expected["expected"] = {"from": f"baseline run {base.id}, pass 0", **output_doc(base.outputs[key][0])}
-        expected["first_divergence"] = divergence.to_dict() if divergence is not None else None
+        expected["first_divergence"] = to_json(divergence)
     docs = {
         "requests.json": {"schema": PACK_SCHEMA, "requests": list(requests.values())},
         "batches.json": {"schema": PACK_SCHEMA, "target": key, "mode": mode, "criterion": criterion,

@@ -50,7 +50,7 @@ def demo(directory: Path = typer.Option(Path("evalgate-demo"), "--dir", help="Wo
         suite = replace(suite, batch_invariant=True)
         invariant = step("2b. evalgate survey again, batch_invariant = true (batch-invariant kernels)", run_survey,
                          show=show_survey)
-        in_force = bool((invariant.batch_invariance or {}).get("in_force"))
+        in_force = bool(invariant.batch_invariance.in_force)
         if in_force and not failing_factors(invariant):
             args = {"batch_invariant": True}
             console.print(f"off: {len(surveyed.failing)} request(s) differ ({', '.join(failing)}); on: 0")

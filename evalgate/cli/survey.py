@@ -49,9 +49,9 @@ def show_survey(report, suite) -> list[str]:
     from ..store import open_store
     from ..survey import failing_factors, how_they_differ, machine_table, remedy_args, setting_lines, token_flips, unremedied
 
-    inv = report.batch_invariance or {}
+    in_force = bool(report.batch_invariance.in_force)
     console.print(f"machine: {report.hardware_label or 'unknown'}; batch-invariant kernels "
-                  + ("in force" if inv.get("in_force") else f"not in force ({inv.get('reason') or 'not requested'})"),
+                  + ("in force" if in_force else f"not in force ({report.batch_invariance.reason or 'not requested'})"),
                   soft_wrap=True)
     pinned = template_date_line(report)
     if pinned:
@@ -71,14 +71,14 @@ def show_survey(report, suite) -> list[str]:
                       soft_wrap=True)
         for concurrency, text in flip.answers:
             console.print(escape(f"  concurrency {concurrency}: {text.strip()!r}"), soft_wrap=True)
-    if not inv.get("in_force") and (flips or bits):
+    if not in_force and (flips or bits):
         console.print("why: without batch-invariant kernels the shape of the batch changes the floating-point "
                       "reduction order", soft_wrap=True)
     failing = failing_factors(report)
     if not failing:
         console.print("[green]nothing varies here that the gate fails on[/]")
     else:
-        if not inv.get("requested"):
+        if not report.batch_invariance.requested:
             # what removes batch-shape variance without giving up concurrency: offered before any fallback
             console.print("first: batch_invariant = true in [engine] (batch-invariant kernels: vLLM's on CUDA/ROCm/XPU, "
                           "evalgate's on CPU) keeps the concurrency; survey again with it to see what is left",

@@ -31,9 +31,9 @@ fails a run whose metric got significantly worse, even where every token-level d
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
+from ..codec import from_json
 from .config import check_keys, fail
 
 FAIL_ON = ("bits", "tokens")
@@ -66,9 +66,6 @@ class Tolerance:
     epsilon: float
     cap: float
     dtype: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -106,16 +103,16 @@ class GatePolicy:
         limit = self.near_tie_margin if self.near_tie_margin is not None else self.tolerance(None).epsilon
         return "near_tie" if margin <= limit else "confident"
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    @classmethod
+    def from_older(cls, data: dict) -> dict:
+        """A recorded policy (the codec, evalgate/codec.py): runs recorded before `[gate]` were judged on bits,
+        and before the margin followed the dtype, at a near-tie margin of 0.1."""
+        return {"near_tie_margin": LEGACY_NEAR_TIE_MARGIN, **data}
 
     @classmethod
-    def from_dict(cls, data: dict | None) -> GatePolicy:
-        """A run's recorded policy; runs recorded before `[gate]` were judged on bits, and before the margin
-        followed the dtype, at a near-tie margin of 0.1."""
-        recorded = {k: v for k, v in (data or {}).items() if k in GATE_KEYS}
-        recorded.setdefault("near_tie_margin", LEGACY_NEAR_TIE_MARGIN)
-        return cls(**recorded)
+    def recorded(cls, data: dict | None) -> GatePolicy:
+        """The policy a run was judged under, as its schedule or report recorded it (none: the oldest runs')."""
+        return from_json(cls, data or {})
 
 
 GATE_KEYS = ("fail_on", "near_tie_margin", "other_hardware", "tie_epsilon", "drift_cap", "metric_alpha", "fail_on_metric")

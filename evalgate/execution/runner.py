@@ -15,6 +15,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator
 
+from ..codec import to_json
 from ..configuration.prompts import SCORING_TYPES
 from ..configuration.schedule import ROTATING, UNKNOWN, Pass, Schedule, in_sample, plan_passes, waves
 from ..configuration.suite import Suite
@@ -140,7 +141,7 @@ class RunPlan:
         """The run's stored `schedule`: the knobs, the passes and their conditions, and the judging policy."""
         return {**asdict(self.schedule), "passes": [p.to_dict() for p in self.passes], "not_run": list(self.not_run),
                 "cold_by": "cache_salt" if self.salt else None,
-                "gate": self.suite.gate.to_dict()}  # the judging policy: recorded, never identity
+                "gate": to_json(self.suite.gate)}  # the judging policy: recorded, never identity
 
 
 def plan_run(request: RunRequest, engine: Engine, prompt_ids: dict[str, list[int]], fingerprint: dict) -> RunPlan:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
 
@@ -28,9 +28,6 @@ class Divergence:
     margin: float | None
     reference_logprob: float | None = None
     other_logprob: float | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class Compared(NamedTuple):

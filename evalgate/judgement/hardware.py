@@ -20,9 +20,10 @@ by the engine's dtype). Under `other_hardware = "judge"` the hardware explains d
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..codec import stored_as
 from ..configuration.policy import GatePolicy, Tolerance
 from ..configuration.prompts import SCORING_TYPES
 from ..fingerprint import hardware_label
@@ -43,7 +44,7 @@ class Flip:
     each side's margin and the gap to this machine's top token that decided its class."""
 
     key: str
-    cls: str  # near_tie | confident (stored as "class")
+    cls: str = stored_as("class")  # near_tie | confident
     position: int
     kind: str
     baseline_token: dict[str, Any]
@@ -51,15 +52,6 @@ class Flip:
     baseline_margin: float | None
     here_margin: float | None
     gap: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        return {"key": out.pop("key"), "class": out.pop("cls"), **out}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Flip:
-        data = dict(data)
-        return cls(cls=data.pop("class"), **data)
 
 
 @dataclass(frozen=True)
@@ -88,18 +80,6 @@ class AcrossHardware:
     def adoptable(self) -> bool:
         return self.counts["confident"] == 0
 
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["tolerance"] = self.tolerance.to_dict()
-        out["flips"] = [flip.to_dict() for flip in self.flips]
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> AcrossHardware | None:
-        if not data:
-            return None
-        return cls(**{**data, "tolerance": Tolerance(**data["tolerance"]),
-                      "flips": [Flip.from_dict(f) for f in data.get("flips") or []]})
 
 
 def rescoring_of(key: str, record: RunRecord | None) -> Completion | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Callable
 
+from ..codec import from_json, to_json
 from ..collector import collector_paused
 from ..configuration.policy import GatePolicy
 from ..configuration.schedule import ROTATING, passes_of
@@ -24,10 +25,10 @@ from ..store import BASELINE_RESCORING, OWN_RESCORING, RunRecord, Store
 from ..timings import Timings
 from .adapters import describe_adapters
 from .hardware import across_hardware
-from .prompts import prompts_compared
-from .report import Report
+from .prompts import PromptCounts, prompts_compared
+from .report import BatchInvariance, ClassRow, Coverage, NotRun, Report, TemplateDates, Update
 from .scores import compare_scores, task_changes
-from .verdict import cache_hits, factor_summary, judge_requests, template_date_of
+from .verdict import cache_hits, factor_summary, judge_requests
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def judge_run(current: RunRecord, baseline: RunRecord | None = None, judging: Ju
     """The whole judgement of a recorded run against a baseline run (or none). With the `store` they are in,
     the sections that read more of it too: the lm-eval metrics, the rescorings across hardware and the
     rotating preset's coverage."""
-    policy = judging.policy or GatePolicy.from_dict((current.run.schedule or {}).get("gate"))
+    policy = judging.policy or GatePolicy.recorded((current.run.schedule or {}).get("gate"))
     engine = current.fingerprint.engine
     policy = policy.for_dtype(engine.get("dtype"))  # the near-tie margin, by the dtype unless the suite sets it
     changed = fingerprint_delta(baseline.fingerprint, current.fingerprint) if baseline else []
@@ -66,21 +67,29 @@ def judge_run(current: RunRecord, baseline: RunRecord | None = None, judging: Ju
     report = Report(
         kind=judging.kind, suite_name=current.run.suite_name, run_id=current.id,
         baseline_run_id=baseline.id if baseline else None, verdicts=verdicts, changed_components=changed,
-        batch_invariance=engine.get("batch_invariance", {}), strict=judging.strict,
+        batch_invariance=from_json(BatchInvariance, engine.get("batch_invariance") or {}), strict=judging.strict,
         fingerprint_changes=fingerprint_changes(baseline, current) if baseline else {},
         metrics=compare_scores(store, current.id, baseline.id if baseline else None,
                                {v.key: v.verdict for v in verdicts}, policy.metric_alpha) if store is not None else [],
         task_changes=task_changes(baseline.fingerprint, current.fingerprint) if baseline else {},
         engine_log=log if log and os.path.isfile(log) else None,
         factors=factor_summary(passes, decided.varying, current), cache_hits=cache_hits(current, passes),
-        baseline_pairs=[pair.to_dict() for pair in decided.pairs], not_run=list(schedule.get("not_run") or []),
-        alone_coverage=store.alone_coverage(current.run, schedule["rotation"], min(schedule["concurrency"]))
+        baseline_pairs=decided.pairs, not_run=[from_json(NotRun, item) for item in schedule.get("not_run") or []],
+        alone_coverage=Coverage(**store.alone_coverage(current.run, schedule["rotation"], min(schedule["concurrency"])))
         if store is not None and schedule.get("preset") == ROTATING else None,
         policy=policy, hardware=hardware, hardware_class=current.run.hardware_class,
         hardware_label=hardware_label(current.fingerprint.hardware),
         prompts=prompts_compared(current, baseline) if baseline is not None else None,
-        template_date=template_date_of(current, baseline))
+        template_date=template_dates(current, baseline))
     return replace(report, promoted=promotes(report, allow_variance=judging.allow_variance, shard=judging.shard))
+
+
+def template_dates(current: RunRecord, baseline: RunRecord | None) -> TemplateDates | None:
+    """The date the run's chat templates rendered with, beside the baseline's, when a template read it."""
+    date = current.fingerprint.template_date
+    if date is None:
+        return None
+    return TemplateDates(date, baseline.fingerprint.template_date if baseline else None)
 
 
 def fingerprint_changes(baseline: RunRecord, current: RunRecord) -> dict[str, str]:
@@ -128,10 +137,10 @@ def judge_and_store(store: Store, run_id: int, baseline_run_id: int | None, judg
             report = judge_stored(store, run_id, baseline_run_id, judging)
         run = store.get_run(run_id)
         # the policy it was judged under, and where the time went
-        schedule = {**(run.schedule or {}), "gate": report.policy.to_dict(), "timings": dict(timings)}
+        schedule = {**(run.schedule or {}), "gate": to_json(report.policy), "timings": dict(timings)}
         store.finish_run(
             run_id, status="complete", verdict=report.status, exit_code=int(report.exit_code), summary=report.counts,
-            verdicts=[v.to_dict() for v in report.verdicts if v.verdict != "stable"], schedule=schedule,
+            verdicts=[to_json(v) for v in report.verdicts if v.verdict != "stable"], schedule=schedule,
             report=report.to_dict(requests=False), baseline_run_id=baseline_run_id, promote=report.promoted)
     except BaseException as exc:
         store.mark_incomplete(run_id, "failed", f"{type(exc).__name__}: {exc}")
@@ -159,7 +168,7 @@ def record_update(store: Store, run_id: int, action: str, **changes) -> Report:
     and when, with the fields it changes (`changes`)."""
     report = stored_report(store, run_id)
     at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    report = replace(report, **changes, updates=[*report.updates, {"action": action, "at": at}])
+    report = replace(report, **changes, updates=[*report.updates, Update(action, at)])
     store.set_report(run_id, report.to_dict(requests=False))
     return report
 
@@ -184,8 +193,7 @@ def combine(reports: list[Report]) -> Report:
         batch_invariance=first.batch_invariance, strict=first.strict, policy=first.policy,
         fingerprint_changes={k: v for r in reports for k, v in r.fingerprint_changes.items()},
         not_run=[n for r in reports for n in r.not_run], template_date=first.template_date,
-        prompts={n: sum(r.prompts[n] for r in reports) for n in ("compared", "equal")}
+        prompts=PromptCounts(sum(r.prompts.compared for r in reports), sum(r.prompts.equal for r in reports))
         if all(r.prompts for r in reports) else None,
-        classes=[{"hardware_class": r.hardware_class, "label": r.hardware_label, "run_id": r.run_id,
-                  "baseline_run_id": r.baseline_run_id, "status": r.status, "counts": r.counts,
-                  "hardware": r.hardware.to_dict() if r.hardware else None} for r in reports])
+        classes=[ClassRow(r.hardware_class, r.hardware_label, r.run_id, r.baseline_run_id, r.status, r.counts, r.hardware)
+                 for r in reports])

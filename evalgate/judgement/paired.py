@@ -17,7 +17,7 @@ scipy comes with lm-eval (scikit-learn's dependency); it is imported only when t
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 RESAMPLES = 9_999
 SEED = 0  # permutation tests are seeded: a run's report is the same every time it is judged
@@ -37,13 +37,6 @@ class PairedTest:
     significant: bool
     direction: str | None  # up | down | None (not significant)
     drop: bool
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict | None) -> PairedTest | None:
-        return cls(**data) if data else None
 
 
 def paired_test(pairs: list[tuple[float, float]], alpha: float, higher_is_better: bool | None) -> PairedTest | None:

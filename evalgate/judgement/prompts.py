@@ -10,7 +10,7 @@ when the rendered prompts are equal too.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from os.path import commonprefix
 
 from ..records import unpack_ids
@@ -30,13 +30,6 @@ class PromptChange:
     token: int | None
     baseline_text: str
     text: str
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict | None) -> PromptChange | None:
-        return cls(**{k: data.get(k) for k in cls.__dataclass_fields__}) if data else None
 
 
 def prompt_change(baseline, current) -> PromptChange | None:
@@ -75,8 +68,16 @@ def _at(ids: list[int], position: int) -> int | None:
     return ids[position] if position < len(ids) else None
 
 
-def prompts_compared(current, baseline) -> dict[str, int]:
+@dataclass(frozen=True)
+class PromptCounts:
+    """Against a baseline: of the requests both runs have, how many rendered prompts are equal."""
+
+    compared: int
+    equal: int
+
+
+def prompts_compared(current, baseline) -> PromptCounts:
     """Over the requests both runs have: how many rendered prompts are equal (`equal` of `compared`)."""
     shared = [key for key in current.requests if key in baseline.requests]
     equal = sum(bytes(current.requests[k].prompt_ids) == bytes(baseline.requests[k].prompt_ids) for k in shared)
-    return {"compared": len(shared), "equal": equal}
+    return PromptCounts(len(shared), equal)

@@ -1,29 +1,40 @@
 """The Report (**contract**, docs/json-report.md): everything judged about one run, as one typed, versioned
 value. `judging.judge_run` builds it once; it is stored whole with its run (`runs.report`) and every output
-format renders it. It serialises itself from its fields: each field says its JSON key, its section and how its
-value is read back, so a new section is one field here and nothing else to keep in step.
+format renders it. Every field is a typed value or a list of typed rows, written and read back by one codec
+(evalgate/codec.py) from the field's type; each field says its JSON key and its section, so a new section is one
+field here and nothing else to keep in step.
 """
 
 from __future__ import annotations
 
+import typing
 from collections import Counter
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, TypedDict
+from functools import cache
+from typing import Any
 
+from ..codec import from_json, omitted, stored_as, to_json
 from ..configuration.policy import GatePolicy
 from ..errors import ExitCode
 from .hardware import AcrossHardware
+from .prompts import PromptCounts
 from .scores import MetricRow
-from .verdict import FAILURES, STRICT_FAILURES, VERDICTS, CacheHits, FactorRow, RequestVerdict
+from .verdict import FAILURES, STRICT_FAILURES, VERDICTS, CacheHits, FactorRow, PassPair, RequestVerdict
 
 REPORT_SCHEMA = "evalgate.report/1"
 SECTIONS = ("run", "identity", "results", "conditions")
 
-# A pass or probe the plan asked for that could not run here, and why (never reported as passed).
-NotRun = TypedDict("NotRun", {"pass": str, "reason": str})
+
+@dataclass(frozen=True)
+class NotRun:
+    """A pass or probe the plan asked for that could not run here, and why (never reported as passed)."""
+
+    pass_: str = stored_as("pass")
+    reason: str = ""
 
 
-class Coverage(TypedDict):
+@dataclass(frozen=True)
+class Coverage:
     """The rotating preset: of this run's requests, how many ran alone within the last `window` runs."""
 
     covered: int
@@ -32,26 +43,63 @@ class Coverage(TypedDict):
     window: int
 
 
-def _field(section: str, default: Any = None, *, key: str | None = None, factory: Callable | None = None,
-           load: Callable | None = None, dump: Callable | None = None):
-    """A report field: its section, its JSON key (default: its name), and how a stored value is read back
-    (`load`) and written (`dump`; default: a value's own `to_dict`, a list's items' own)."""
-    metadata = {"section": section, "key": key, "load": load, "dump": dump}
+@dataclass(frozen=True)
+class BatchInvariance:
+    """What the engine recorded of batch invariance (engines/base.py `arrange_batch_invariance`): whether it was
+    requested, whether it is in force, why not, and on CPU which of evalgate's kernels (evalgate/kernels). All
+    None (`{}` in the JSON): the engine did not say (a run from before it was recorded)."""
+
+    requested: bool | None = omitted()
+    in_force: bool | None = omitted()
+    reason: str | None = omitted()
+    kernels: str | None = omitted()
+
+    @property
+    def known(self) -> bool:
+        return self.requested is not None
+
+
+@dataclass(frozen=True)
+class TemplateDates:
+    """The date the chat templates rendered with, when one read the calendar, beside the baseline's."""
+
+    date: str
+    baseline_date: str | None = None
+
+
+@dataclass(frozen=True)
+class Update:
+    """What happened to a run after it was judged: "adopted" or "accepted" as its class's baseline, and when."""
+
+    action: str
+    at: str
+
+
+@dataclass(frozen=True)
+class ClassRow:
+    """A check merged per hardware class (`combine`): one class's run, its baseline, status and counts."""
+
+    hardware_class: str | None
+    label: str | None
+    run_id: int
+    baseline_run_id: int | None
+    status: str
+    counts: dict[str, int]
+    hardware: AcrossHardware | None = None
+
+
+def _field(section: str, default: Any = None, *, key: str | None = None, factory: Any = None):
+    """A report field: its section and its JSON key (default: its name). Its value is written and read back by
+    the codec, from the field's type."""
+    metadata = {"section": section, "key": key}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
-def _rows(row_type) -> Callable[[list | None], list]:
-    return lambda data: [row_type.from_dict(row) for row in data or []]
-
-
-def _dumped(value):
-    if hasattr(value, "to_dict"):
-        return value.to_dict()
-    if isinstance(value, list):
-        return [_dumped(item) for item in value]
-    return value
+@cache
+def _types() -> dict[str, Any]:
+    return typing.get_type_hints(Report)
 
 
 @dataclass(frozen=True)
@@ -65,33 +113,31 @@ class Report:
     run_id: int = _field("run")
     baseline_run_id: int | None = _field("run")
     # every request's verdict; stored without the stable ones (`stable` counts them)
-    verdicts: list[RequestVerdict] = _field("results", key="requests", factory=list, load=_rows(RequestVerdict))
-    changed_components: list[str] = _field("identity", factory=list, load=list)
-    batch_invariance: dict[str, Any] = _field("identity", factory=dict, load=dict)  # requested, in_force, reason
-    strict: bool = _field("run", False, load=bool)
-    promoted: bool = _field("run", False, load=bool)  # became the baseline of its class when judged (or since: `updates`)
+    verdicts: list[RequestVerdict] = _field("results", key="requests", factory=list)
+    changed_components: list[str] = _field("identity", factory=list)
+    batch_invariance: BatchInvariance = _field("identity", factory=BatchInvariance)
+    strict: bool = _field("run", False)
+    promoted: bool = _field("run", False)  # became the baseline of its class when judged (or since: `updates`)
     # component -> what changed in it, for people (fingerprint.describe_changes)
-    fingerprint_changes: dict[str, str] = _field("identity", factory=dict, load=dict)
+    fingerprint_changes: dict[str, str] = _field("identity", factory=dict)
     # lm-eval task metrics, baseline vs current, with the documents that moved (scores.py)
-    metrics: list[MetricRow] = _field("results", factory=list, load=_rows(MetricRow))
-    task_changes: dict[str, str] = _field("identity", factory=dict, load=dict)  # lm-eval task -> what changed
+    metrics: list[MetricRow] = _field("results", factory=list)
+    task_changes: dict[str, str] = _field("identity", factory=dict)  # lm-eval task -> what changed
     engine_log: str | None = _field("run")  # the engine process's output (vLLM's own lines), for people
-    factors: list[FactorRow] = _field("conditions", factory=list, load=list)  # per comparison of the run's passes
-    cache_hits: list[CacheHits] = _field("conditions", factory=list, load=list)  # per hot pass
-    baseline_pairs: list[dict[str, Any]] = _field("conditions", factory=list, load=list)  # which baseline pass vs which
-    not_run: list[NotRun] = _field("conditions", factory=list, load=list)
+    factors: list[FactorRow] = _field("conditions", factory=list)  # per comparison of the run's passes
+    cache_hits: list[CacheHits] = _field("conditions", factory=list)  # per hot pass
+    baseline_pairs: list[PassPair] = _field("conditions", factory=list)  # which baseline pass vs which
+    not_run: list[NotRun] = _field("conditions", factory=list)
     alone_coverage: Coverage | None = _field("conditions")  # the rotating preset (store.alone_coverage)
-    policy: GatePolicy = _field("run", key="gate", factory=GatePolicy, load=GatePolicy.from_dict)  # [gate]: what fails
-    hardware: AcrossHardware | None = _field("conditions", load=AcrossHardware.from_dict)  # another class's baseline
-    classes: list[dict[str, Any]] = _field("conditions", factory=list, load=list)  # a check merged per class (combine)
+    policy: GatePolicy = _field("run", key="gate", factory=GatePolicy)  # [gate]: what fails
+    hardware: AcrossHardware | None = _field("conditions")  # another class's baseline
+    classes: list[ClassRow] = _field("conditions", factory=list)  # a check merged per class (combine)
     hardware_class: str | None = _field("run")
     hardware_label: str | None = _field("run")
     # against a baseline: of the requests both runs have, how many rendered prompts are equal (prompts.py)
-    prompts: dict[str, int] | None = _field("identity")
-    # the date chat templates rendered with, when one read the calendar: {"date", "baseline_date"}
-    template_date: dict[str, Any] | None = _field("identity")
-    # what happened to the run since it was judged: [{"action": "adopted" | "accepted", "at": ...}]
-    updates: list[dict[str, Any]] = _field("run", factory=list, load=list)
+    prompts: PromptCounts | None = _field("identity")
+    template_date: TemplateDates | None = _field("identity")
+    updates: list[Update] = _field("run", factory=list)  # what happened to the run since it was judged
     stable: int = field(default=0, metadata={"section": None})  # stable requests not among `verdicts` (stored)
 
     @property
@@ -160,7 +206,7 @@ class Report:
             value = getattr(self, f.name)
             if f.name == "verdicts":
                 value = [v for v in value if v.verdict != "stable"]
-            out[meta["key"] or f.name] = (meta["dump"] or _dumped)(value) if value is not None else None
+            out[meta["key"] or f.name] = to_json(value)
         for values in self.derived().values():
             out.update(values)
         first = ("schema", "kind", "suite", "run_id", "baseline_run_id", "status", "exit_code")  # what people read first
@@ -171,13 +217,12 @@ class Report:
         """A stored report (`to_dict`) read back as it was written: what `evalgate report`, `runs show` and
         the HTML page render."""
         values: dict[str, Any] = {"stable": int((data.get("counts") or {}).get("stable", 0))}
+        types = _types()
         for f in fields(cls):
-            meta = f.metadata
-            key = meta.get("key") or f.name
-            if meta.get("section") is None or (key not in data and f.name != "policy"):
-                continue  # the field's default; a report stored without a policy has the one of its time
-            value = data.get(key)
-            values[f.name] = meta["load"](value) if meta["load"] and (value is not None or f.name == "policy") else value
+            name = f.metadata.get("key") or f.name
+            if f.metadata.get("section") is None or data.get(name) is None:
+                continue  # the field's default: a report stored before the field existed
+            values[f.name] = from_json(types[f.name], data[name])
         return cls(**values)
 
     def sections(self) -> dict[str, dict[str, Any]]:
@@ -189,7 +234,7 @@ class Report:
                 value = getattr(self, f.name)
                 if f.name == "verdicts":
                     value = [v for v in value if v.verdict != "stable"]
-                out[section][f.metadata["key"] or f.name] = value.to_dict() if isinstance(value, GatePolicy) else value
+                out[section][f.metadata["key"] or f.name] = value
         for section, values in self.derived().items():
             out[section].update(values)
         return out

@@ -28,16 +28,6 @@ class MetricRow:
     moved: list[dict[str, Any]] = field(default_factory=list)
     paired: PairedTest | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"task": self.task, "metric": self.metric, "baseline": self.baseline, "current": self.current,
-                "delta": self.delta, "stderr": self.stderr, "moved": self.moved,
-                "paired": self.paired.to_dict() if self.paired else None}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> MetricRow:
-        return cls(data["task"], data["metric"], data.get("baseline"), data.get("current"), data.get("delta"),
-                   data.get("stderr"), list(data.get("moved") or []), PairedTest.from_dict(data.get("paired")))
-
 
 def compare_scores(store: Store, run_id: int, baseline_run_id: int | None, verdicts: dict[str, str],
                    alpha: float = DEFAULT_METRIC_ALPHA) -> list[MetricRow]:

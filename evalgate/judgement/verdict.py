@@ -15,9 +15,9 @@ along its two paths: within the run, then against the baseline. The run's exit c
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, TypedDict
+from dataclasses import dataclass, field, replace
 
+from ..codec import omitted, stored_as
 from ..configuration.policy import BITS_ONLY, GatePolicy
 from ..configuration.schedule import HOT, UNKNOWN, Pass, passes_of
 from ..store import RunRecord
@@ -30,12 +30,30 @@ VERDICTS = ("stable", "batch_variance", "silent_regression", "explained_change",
 FAILURES = ("batch_variance", "silent_regression")
 STRICT_FAILURES = FAILURES + ("explained_change", "new", "missing")
 
-# Rows of a Report (their keys include "pass", a keyword: hence the functional form).
-# One comparison of the run (`factor_summary`): what changed between two passes, and which requests differ.
-FactorRow = TypedDict("FactorRow", {"factor": "str | None", "comparison": str, "reference_pass": int, "pass": int,
-                                    "differing": int, "compared": int, "requests": int, "keys": "list[str]"})
-# A hot pass: how many requests the engine served from its prefix cache (`unknown`: it did not say).
-CacheHits = TypedDict("CacheHits", {"pass": int, "hit": int, "missed": int, "unknown": int})
+
+
+@dataclass(frozen=True)
+class FactorRow:
+    """One comparison of the run (`factor_summary`): what changed between two passes, and which requests differ."""
+
+    factor: str | None
+    comparison: str
+    reference_pass: int
+    pass_: int = stored_as("pass")
+    differing: int = 0
+    compared: int | None = None  # requests that ran in both passes (None: a report from before it was counted)
+    requests: int | None = None
+    keys: list[str] = field(default_factory=list)  # the first 20 that differ
+
+
+@dataclass(frozen=True)
+class CacheHits:
+    """A hot pass: how many requests the engine served from its prefix cache (`unknown`: it did not say)."""
+
+    pass_: int = stored_as("pass")
+    hit: int = 0
+    missed: int = 0
+    unknown: int = 0
 
 
 @dataclass(frozen=True)
@@ -55,45 +73,21 @@ class RequestVerdict:
     # a difference from another hardware class's baseline: drift | near_tie | confident (judgement/hardware.py)
     across: str | None = None
     prompt: PromptChange | None = None  # where the rendered prompt moved, when `prompt` explains the change
-    adapter: str | None = None  # the LoRA adapter the request ran under (None: the base model)
+    # the LoRA adapter the request ran under (None: the base model; left out, so older reports are unchanged)
+    adapter: str | None = omitted()
 
     @property
     def bits_only(self) -> bool:
         return self.kinds == {BITS_ONLY}
 
-    def to_dict(self) -> dict:
-        return {
-            "key": self.key,
-            "verdict": self.verdict,
-            "location": self.location,
-            "divergence": self.divergence.to_dict() if self.divergence else None,
-            "passes": self.passes,
-            "components": self.components,
-            "factor": self.factor,
-            "bits_only": self.bits_only if self.kinds else None,
-            "kinds": sorted(self.kinds),
-            "max_delta": self.max_delta,
-            "flip": self.flip,
-            "across": self.across,
-            "prompt": self.prompt.to_dict() if self.prompt else None,
-            **({"adapter": self.adapter} if self.adapter else {}),  # only under an adapter: older reports are unchanged
-        }
+    def json_extra(self) -> dict:
+        """For readers of the JSON: whether only logprob bits differ (None for new and missing requests)."""
+        return {"bits_only": self.bits_only if self.kinds else None}
 
     @classmethod
-    def from_dict(cls, data: dict) -> RequestVerdict:
-        """A stored verdict (`to_dict`, as `Store.verdicts` and a stored report hold it) back as an object."""
-        div = data.get("divergence")
-        fields = Divergence.__dataclass_fields__
-        return cls(
-            key=data["key"], verdict=data["verdict"], location=data.get("location"),
-            divergence=Divergence(**{k: v for k, v in div.items() if k in fields}) if div else None,
-            passes=data.get("passes"), components=list(data.get("components") or []), factor=data.get("factor"),
-            # `kinds` since reports were stored; before, only whether the difference was in logprob bits alone
-            kinds=frozenset(data["kinds"] if "kinds" in data else ({BITS_ONLY} if data.get("bits_only") else ())),
-            max_delta=data.get("max_delta"),
-            flip=data.get("flip"), across=data.get("across"), prompt=PromptChange.from_dict(data.get("prompt")),
-            adapter=data.get("adapter"),
-        )
+    def from_older(cls, data: dict) -> dict:
+        """`kinds` since reports were stored; before, only whether the difference was in logprob bits alone."""
+        return data if "kinds" in data else {**data, "kinds": [BITS_ONLY] if data.get("bits_only") else []}
 
     @property
     def difference_class(self) -> str | None:
@@ -213,12 +207,6 @@ def baseline_verdict(key: str, request, current: RunRecord, baseline: RunRecord,
         flip=next((policy.flip_class(d.kind, d.margin) for _, d, _ in found if d.kind == "token"), None))
 
 
-def template_date_of(current: RunRecord, baseline: RunRecord | None) -> dict[str, Any] | None:
-    """The date the run's chat templates rendered with, beside the baseline's, when a template read it."""
-    date = current.fingerprint.template_date
-    if date is None:
-        return None
-    return {"date": date, "baseline_date": baseline.fingerprint.template_date if baseline else None}
 
 
 def _baseline_pairs(current: RunRecord, baseline: RunRecord, key: str, pairs: list[PassPair], *,
@@ -246,9 +234,6 @@ class PassPair:
     current_pass: int
     condition: str
     same_condition: bool = True
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def matching_passes(baseline: list[Pass], current: list[Pass]) -> list[PassPair]:
@@ -283,10 +268,10 @@ def factor_summary(passes: list[Pass], varying: dict[int, list[str]], record: Ru
         if p.reference is None or p.reference not in by_index:
             continue
         keys = varying.get(p.index, [])
-        summary.append({"factor": p.factor, "comparison": comparison_label(by_index[p.reference], p),
-                        "reference_pass": p.reference, "pass": p.index, "differing": len(keys),
-                        "compared": sum(n for ran_in, n in ran.items() if p.index in ran_in and p.reference in ran_in),
-                        "requests": len(record.requests), "keys": keys[:20]})
+        summary.append(FactorRow(
+            p.factor, comparison_label(by_index[p.reference], p), p.reference, p.index, differing=len(keys),
+            compared=sum(n for ran_in, n in ran.items() if p.index in ran_in and p.reference in ran_in),
+            requests=len(record.requests), keys=keys[:20]))
     return summary
 
 
@@ -298,6 +283,6 @@ def cache_hits(record: RunRecord, passes: list[Pass]) -> list[CacheHits]:
         if p.cache != HOT:
             continue
         counts = [row[2] for rows in record.digests.values() for row in rows if row[0] == p.index]
-        out.append({"pass": p.index, "hit": sum(1 for n in counts if n), "missed": sum(1 for n in counts if n == 0),
-                    "unknown": sum(1 for n in counts if n is None)})
+        out.append(CacheHits(p.index, hit=sum(1 for n in counts if n), missed=sum(1 for n in counts if n == 0),
+                             unknown=sum(1 for n in counts if n is None)))
     return out

@@ -10,7 +10,8 @@ from ..judgement.compare import Divergence
 from ..judgement.factors import is_batch_factor, remedy, words
 from ..judgement.hardware import AcrossHardware
 from ..judgement.paired import PairedTest
-from ..judgement.verdict import FAILURES, STRICT_FAILURES, RequestVerdict
+from ..judgement.report import BatchInvariance, ClassRow, Coverage, NotRun
+from ..judgement.verdict import FAILURES, STRICT_FAILURES, CacheHits, FactorRow, RequestVerdict
 
 STACK_NAMES = "model, tokenizer, engine, code, hardware, env"
 
@@ -80,12 +81,12 @@ def _quoted(text: str) -> str:
 
 def prompts_line(report) -> str | None:
     """`rendered prompts: equal, 12 of 12` against a baseline: what a silent regression's proof rests on."""
-    compared = report.prompts
-    if not compared:
+    counts = report.prompts
+    if not counts:
         return None
-    if compared["equal"] == compared["compared"]:
-        return f"rendered prompts: equal, {compared['equal']} of {compared['compared']}"
-    return (f"rendered prompts: {compared['compared'] - compared['equal']} of {compared['compared']} differ from the "
+    if counts.equal == counts.compared:
+        return f"rendered prompts: equal, {counts.equal} of {counts.compared}"
+    return (f"rendered prompts: {counts.compared - counts.equal} of {counts.compared} differ from the "
             "baseline's (`prompt` explains those requests)")
 
 
@@ -100,26 +101,25 @@ def template_date_line(report) -> str | None:
     pinned = report.template_date
     if not pinned:
         return None
-    if pinned["date"] == WALL_CLOCK:
+    if pinned.date == WALL_CLOCK:
         return ('this chat template writes today\'s date; not pinned ([suite] template_date = "wall-clock"): '
                 "its prompts move with the calendar")
-    base = pinned.get("baseline_date")
-    whose = (" (the baseline's)" if base == pinned["date"] else
+    base = pinned.baseline_date
+    whose = (" (the baseline's)" if base == pinned.date else
              f" (the baseline's was {base}: `prompt` explains what moved)" if base else "")
-    return f"this chat template writes today's date; pinned to {pinned['date']}{whose}"
+    return f"this chat template writes today's date; pinned to {pinned.date}{whose}"
 
 
-def invariance(inv: dict | None) -> tuple[str, str]:
+def invariance(inv: BatchInvariance | None) -> tuple[str, str]:
     """(state, words) for a run's batch invariance; state: in_force, not_in_force, not_requested or unknown."""
-    if not inv:
+    if inv is None or not inv.known:
         return "unknown", "unknown"
-    if inv.get("in_force"):
+    if inv.in_force:
         # CPU: evalgate's kernels (evalgate/kernels); CUDA, ROCm, XPU: vLLM's own
-        return "in_force", f"in force (evalgate CPU kernels, {inv['kernels']})" if inv.get("kernels") else \
+        return "in_force", f"in force (evalgate CPU kernels, {inv.kernels})" if inv.kernels else \
             "in force (VLLM_BATCH_INVARIANT=1)"
-    if inv.get("requested"):
-        reason = inv.get("reason") or ""
-        return "not_in_force", "requested, NOT in force" + (f": {reason}" if reason else "")
+    if inv.requested:
+        return "not_in_force", "requested, NOT in force" + (f": {inv.reason}" if inv.reason else "")
     return "not_requested", "not requested"
 
 
@@ -187,21 +187,21 @@ def hardware_lines(section: AcrossHardware | None, *, flips: int = 10) -> list[s
     return lines
 
 
-def class_lines(classes: list[dict]) -> list[str]:
+def class_lines(classes: list[ClassRow]) -> list[str]:
     """A check's shards merged per hardware class (judging.combine): each class's run, baseline and result."""
     lines = []
     for c in classes:
-        counts = ", ".join(f"{name} {n}" for name, n in c["counts"].items() if n)
-        across = c.get("hardware")
+        counts = ", ".join(f"{name} {n}" for name, n in c.counts.items() if n)
+        across = c.hardware
         if across:
-            h = across["counts"]
-            against = (f"across hardware against baseline run {c['baseline_run_id']} ({across['baseline_label']}): "
-                       f"{h['identical']} of {across['compared']} identical, drift {h['drift']}, near ties "
+            h = across.counts
+            against = (f"across hardware against baseline run {c.baseline_run_id} ({across.baseline_label}): "
+                       f"{h['identical']} of {across.compared} identical, drift {h['drift']}, near ties "
                        f"{h['near_tie']}, confident {h['confident']}")
         else:
-            against = f"against its own class's baseline run {c['baseline_run_id']}"
-        lines.append(f"class {c['hardware_class'][:12]} ({c['label']}): merged run {c['run_id']} {against}; "
-                     f"{c['status']} ({counts})")
+            against = f"against its own class's baseline run {c.baseline_run_id}"
+        lines.append(f"class {(c.hardware_class or '')[:12]} ({c.label}): merged run {c.run_id} {against}; "
+                     f"{c.status} ({counts})")
     return lines
 
 
@@ -226,9 +226,9 @@ def gate_lines(d: dict | None) -> list[str]:
     return lines
 
 
-def coverage_line(coverage: dict) -> str:
+def coverage_line(coverage: Coverage) -> str:
     """`alone coverage: 100% over the last 16 runs`: the rotating preset's promise, measured."""
-    covered, requests, runs, window = coverage["covered"], coverage["requests"], coverage["runs"], coverage["window"]
+    covered, requests, runs, window = coverage.covered, coverage.requests, coverage.runs, coverage.window
     share = f"{100 * covered / requests:.0f}%" if requests else "n/a"
     line = f"alone coverage: {share} over the last {runs} run{'s' if runs != 1 else ''} ({covered} of {requests} requests"
     if runs < window:
@@ -236,8 +236,8 @@ def coverage_line(coverage: dict) -> str:
     return line + ")"
 
 
-def factor_lines(factors: list[dict], cache_hits: list[dict] = (), not_run: list[dict] = (),
-                 alone_coverage: dict | None = None) -> list[str]:
+def factor_lines(factors: list[FactorRow], cache_hits: list[CacheHits] = (), not_run: list[NotRun] = (),
+                 alone_coverage: Coverage | None = None) -> list[str]:
     """`invariant under: batch size 1→8, order ...` / `varies under: prefix cache cold→hot (8 requests)`, the
     settings that remove each varying factor, whether the hot passes really hit the cache, what the plan
     asked for that could not run, and the rotating preset's alone coverage (verdict.Report.factors,
@@ -245,13 +245,11 @@ def factor_lines(factors: list[dict], cache_hits: list[dict] = (), not_run: list
     lines = [coverage_line(alone_coverage)] if alone_coverage else []
     # a hot pass that no request hit proves nothing about the cache: not exercised, rather than invariant
     # and a comparison no request ran in both passes of proves nothing at all
-    cold_hot = {h["pass"] for h in cache_hits if h["hit"] == 0 and h["unknown"] == 0}
-    empty = [f["comparison"] for f in factors if f.get("compared") == 0]
-    unexercised = [f["comparison"] for f in factors if not f["differing"] and f["pass"] in cold_hot
-                   and f.get("compared") != 0]
-    invariant = [f["comparison"] for f in factors if not f["differing"] and f["pass"] not in cold_hot
-                 and f.get("compared") != 0]
-    varying = [f for f in factors if f["differing"]]
+    cold_hot = {h.pass_ for h in cache_hits if h.hit == 0 and h.unknown == 0}
+    empty = [f.comparison for f in factors if f.compared == 0]
+    unexercised = [f.comparison for f in factors if not f.differing and f.pass_ in cold_hot and f.compared != 0]
+    invariant = [f.comparison for f in factors if not f.differing and f.pass_ not in cold_hot and f.compared != 0]
+    varying = [f for f in factors if f.differing]
     if invariant:
         lines.append("invariant under: " + ", ".join(invariant))
     if unexercised:
@@ -260,23 +258,23 @@ def factor_lines(factors: list[dict], cache_hits: list[dict] = (), not_run: list
         lines.append("not exercised: " + ", ".join(empty) + " (no request ran in both passes)")
     if varying:
         lines.append("varies under: " + ", ".join(
-            f"{f['comparison']} ({f['differing']} request{'s' if f['differing'] != 1 else ''})" for f in varying))
-        for factor in dict.fromkeys(f["factor"] for f in varying):
+            f"{f.comparison} ({f.differing} request{'s' if f.differing != 1 else ''})" for f in varying))
+        for factor in dict.fromkeys(f.factor for f in varying):
             if remedy(factor):
                 lines.append(f"  {words(factor)}: removed by {remedy(factor)}")
     for hits in cache_hits:
-        total = hits["hit"] + hits["missed"] + hits["unknown"]
-        if hits["unknown"] == total:
-            lines.append(f"hot pass {hits['pass']}: the engine did not report cached prompt tokens (hits unproven)")
-        elif hits["missed"]:
-            verb = "was" if hits["missed"] == 1 else "were"
-            lines.append(f"hot pass {hits['pass']}: {hits['hit']} of {total} requests were served from the prefix "
-                         f"cache; {hits['missed']} {verb} not (a prompt shorter than one cache block is never "
+        total = hits.hit + hits.missed + hits.unknown
+        if hits.unknown == total:
+            lines.append(f"hot pass {hits.pass_}: the engine did not report cached prompt tokens (hits unproven)")
+        elif hits.missed:
+            verb = "was" if hits.missed == 1 else "were"
+            lines.append(f"hot pass {hits.pass_}: {hits.hit} of {total} requests were served from the prefix "
+                         f"cache; {hits.missed} {verb} not (a prompt shorter than one cache block is never "
                          "cached), so for those the hot pass is a repeat")
         else:
-            lines.append(f"hot pass {hits['pass']}: all {total} requests were served from the prefix cache")
+            lines.append(f"hot pass {hits.pass_}: all {total} requests were served from the prefix cache")
     for item in not_run:
-        lines.append(f"not run: {item['pass']}: {item['reason']}")
+        lines.append(f"not run: {item.pass_}: {item.reason}")
     return lines
 
 

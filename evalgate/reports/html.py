@@ -20,9 +20,10 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..codec import to_json
 from ..judgement.report import Report
 from ..judgement.scores import MetricRow
-from ..judgement.verdict import FAILURES, RequestVerdict
+from ..judgement.verdict import FAILURES, CacheHits, FactorRow, RequestVerdict
 from ..records import Completion
 from ..store import display_status
 from .explain import (
@@ -152,11 +153,11 @@ def _metric(m: MetricRow) -> dict[str, str]:
             "worse": bool(m.paired and m.paired.drop)}
 
 
-def _factor_rows(factors: list[dict], cache_hits: list[dict]) -> list[dict[str, Any]]:
+def _factor_rows(factors: list[FactorRow], cache_hits: list[CacheHits]) -> list[dict[str, Any]]:
     """What varies here, at a glance: one row per comparison the run made, with a bar of its share."""
-    hits = {h["pass"]: h for h in cache_hits}
-    return [{**f, "compared": f.get("compared", ""), "hit": (hits.get(f["pass"]) or {}).get("hit", ""),
-             "width": f"{100 * (f['differing'] / f['compared'] if f.get('compared') else 0.0):.0f}"} for f in factors]
+    hits = {h.pass_: h.hit for h in cache_hits}
+    return [{**to_json(f), "compared": "" if f.compared is None else f.compared, "hit": hits.get(f.pass_, ""),
+             "width": f"{100 * (f.differing / f.compared if f.compared else 0.0):.0f}"} for f in factors]
 
 
 def page_context(run: Run, report: Report | None, sections: dict, diffs: list[RequestDiff]) -> dict[str, Any]:
@@ -173,7 +174,7 @@ def page_context(run: Run, report: Report | None, sections: dict, diffs: list[Re
         "title": f"evalgate report: suite {run.suite_name}, run {run.id}",
         "verdict": named_verdict(report) or run.verdict,
         "started": _when(run.started_at), "finished": _when(run.finished_at),
-        "invariance": invariance(engine or {}), "stack": STACK_NAMES,
+        "invariance": invariance(engine), "stack": STACK_NAMES,
         "prompt_lines": prompt_lines(report) if report is not None else [],
         "factor_rows": _factor_rows(factors, hits),
         "factor_lines": [(line.strip(), line.startswith(warn)) for line in lines],

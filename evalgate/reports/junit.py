@@ -88,9 +88,9 @@ def prompt_properties(report: Report) -> list[tuple[str, str]]:
     """The pinned calendar and the rendered prompts compared with the baseline's, as properties."""
     props = []
     if report.template_date:
-        props.append(("template_date", report.template_date["date"]))
+        props.append(("template_date", report.template_date.date))
     if report.prompts:
-        props.append(("rendered_prompts_equal", f"{report.prompts['equal']} of {report.prompts['compared']}"))
+        props.append(("rendered_prompts_equal", f"{report.prompts.equal} of {report.prompts.compared}"))
     return props
 
 

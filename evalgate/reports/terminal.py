@@ -11,7 +11,7 @@ from rich.text import Text
 
 from ..judgement.factors import remedies
 from ..judgement.report import Report
-from ..judgement.verdict import FAILURES
+from ..judgement.verdict import FAILURES, CacheHits, FactorRow
 from .explain import (
     ACROSS_WORDS,
     batch_bisectable,
@@ -75,8 +75,8 @@ def render_report(console: Console, report: Report) -> None:
     for line in hardware_lines(report.hardware) + class_lines(report.classes):
         console.print(escape(line), style="yellow" if "confident at" in line else "", soft_wrap=True)
     for pair in report.baseline_pairs:
-        if not pair.get("same_condition", True):
-            console.print(escape(f"no pass condition in common with the baseline: compared {pair['condition']}"),
+        if not pair.same_condition:
+            console.print(escape(f"no pass condition in common with the baseline: compared {pair.condition}"),
                           style="yellow", soft_wrap=True)
 
     differing = [v for v in report.verdicts if v.verdict != "stable"]
@@ -118,7 +118,7 @@ def render_report(console: Console, report: Report) -> None:
     if report.engine_log:
         console.print(escape(f"engine log: {report.engine_log}"), style="dim", soft_wrap=True)
     for update in report.updates:  # what happened to the run since it was judged
-        console.print(f"{update['action']} {update['at']}: run {report.run_id} is the baseline of its hardware class since")
+        console.print(f"{update.action} {update.at}: run {report.run_id} is the baseline of its hardware class since")
     if report.kind == "baseline":
         if report.promoted:
             console.print(f"run {report.run_id} is now the baseline for suite {report.suite_name!r} on this hardware")
@@ -128,15 +128,15 @@ def render_report(console: Console, report: Report) -> None:
                           + escape(f"Fix the variance ({fixes or 'batch invariance, max_num_seqs=1'}) or pass --allow-variance."))
 
 
-def comparison_rows(factors: list[dict], cache_hits: list[dict]) -> list[str]:
+def comparison_rows(factors: list[FactorRow], cache_hits: list[CacheHits]) -> list[str]:
     """What varies here at a glance, one line per comparison (the HTML report's Factors table)."""
-    hits = {h["pass"]: h["hit"] for h in cache_hits}
-    width = max((len(f["comparison"]) for f in factors), default=0)
+    hits = {h.pass_: h.hit for h in cache_hits}
+    width = max((len(f.comparison) for f in factors), default=0)
     rows = []
     for f in factors:
-        share = f["differing"] / f["compared"] if f.get("compared") else 0.0
-        hit = f"  {hits[f['pass']]} cache hits" if f["pass"] in hits else ""
-        rows.append(f"  {f['comparison']:<{width}}  {f['factor']:<14} {f['differing']:>4}/{f.get('compared', 0):<4} "
+        share = f.differing / f.compared if f.compared else 0.0
+        hit = f"  {hits[f.pass_]} cache hits" if f.pass_ in hits else ""
+        rows.append(f"  {f.comparison:<{width}}  {f.factor or '':<14} {f.differing:>4}/{f.compared or 0:<4} "
                     f"{'█' * round(20 * share):<20}{hit}")
     return ["comparisons (differing/compared):"] + rows if rows else []
 
@@ -174,7 +174,7 @@ def next_steps(report: Report) -> list[str]:
 
 def _varying(report: Report) -> list[str]:
     """The factors under which some request varies, in the order the run compared them."""
-    return list(dict.fromkeys(f["factor"] for f in report.factors if f["differing"] and f["factor"]))
+    return list(dict.fromkeys(f.factor for f in report.factors if f.differing and f.factor))
 
 
 MAX_MOVED = 10

@@ -11,13 +11,15 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from evalgate.codec import from_json, to_json
 from evalgate.configuration.schedule import Schedule, plan_passes
 from evalgate.errors import ExitCode
 from evalgate.fingerprint import COMPONENTS, component
 from evalgate.judgement.compare import first_divergence, within_run
 from evalgate.judgement.judging import Judging, judge_run
+from evalgate.judgement.prompts import PromptCounts
 from evalgate.judgement.report import REPORT_SCHEMA, Report
-from evalgate.judgement.verdict import VERDICTS, RequestVerdict
+from evalgate.judgement.verdict import VERDICTS, CacheHits, RequestVerdict
 from evalgate.records import Completion, pack_ids
 from evalgate.store import RunRecord
 
@@ -124,7 +126,7 @@ def test_margin_is_none_past_the_reference_end():
 
 def test_divergence_to_dict_is_json():
     div = first_divergence(comp(IDS), comp([11, 12, 0, 14, 15]))
-    d = div.to_dict()
+    d = to_json(div)
     assert set(d) == {"position", "kind", "reference_id", "reference_text", "other_id", "other_text", "margin",
                       "reference_logprob", "other_logprob"}
     json.dumps(d)
@@ -215,21 +217,21 @@ def test_a_moved_rendered_prompt_explains_its_request_and_only_its_own():
         ord("1"), ord("2"))
     assert "Today Date: 01 Mar 2026" in v["a"].prompt.baseline_text and "Today Date: 02 Mar 2026" in v["a"].prompt.text
     assert (v["b"].verdict, v["b"].components, v["b"].prompt) == ("silent_regression", [], None)
-    assert report.prompts == {"compared": 2, "equal": 1}
+    assert report.prompts == PromptCounts(compared=2, equal=1)
     # a request whose own text changed: its prompt moving follows from that, and `suite` alone explains it
     edited = record(3, {"a": passes("a", comp([11, 12, 13, 14, 77])), "b": passes("b", comp(IDS))},
                     rendered={"a": day2}, request_hashes={"a": "h-edited"})
     a = by_key(judge_run(edited, baseline))["a"]
     assert (a.verdict, a.components, a.prompt) == ("explained_change", ["suite"], None)
     # the stored form reads back whole
-    assert RequestVerdict.from_dict(json.loads(json.dumps(v["a"].to_dict()))).prompt == v["a"].prompt
+    assert from_json(RequestVerdict, json.loads(json.dumps(to_json(v["a"])))).prompt == v["a"].prompt
 
 
 def test_equal_rendered_prompts_are_said_beside_a_silent_regression():
     baseline = record(1, {"a": passes("a", comp(IDS)), "b": passes("b", comp(IDS))})
     current = record(2, {"a": passes("a", comp(IDS)), "b": passes("b", comp([11, 12, 13, 14, 99]))})
     report = judge_run(current, baseline)
-    assert report.prompts == {"compared": 2, "equal": 2}
+    assert report.prompts == PromptCounts(compared=2, equal=2)
     assert Report.from_dict(json.loads(json.dumps(report.to_dict()))).prompts == report.prompts
 
 
@@ -314,7 +316,7 @@ def test_exit_codes_per_verdict(verdict, normal, strict):
     def report(is_strict):
         return Report(kind="check", suite_name="s", run_id=2, baseline_run_id=1,
                       verdicts=[RequestVerdict("a", "stable"), RequestVerdict("b", verdict)],
-                      changed_components=[], batch_invariance={}, strict=is_strict)
+                      changed_components=[], strict=is_strict)
 
     assert int(report(False).exit_code) == normal
     assert int(report(True).exit_code) == strict
@@ -387,7 +389,7 @@ def build(base, changes, order, run_id, changed_pass=None):
 
 
 def summary(report):
-    return {v.key: (v.verdict, v.divergence.to_dict() if v.divergence else None, v.passes, v.components)
+    return {v.key: (v.verdict, to_json(v.divergence), v.passes, v.components)
             for v in report.verdicts}
 
 
@@ -501,10 +503,10 @@ def test_a_difference_is_attributed_to_the_one_factor_its_pass_changed():
     assert (v["cache"].verdict, v["cache"].factor) == ("batch_variance", "prefix_cache")
     assert (v["batch"].factor, v["batch"].passes["factors"]) == ("batch_size", ["batch_size"])
     assert (v["order"].factor, v["order"].passes["other_pass"], v["order"].passes["reference_pass"]) == ("order", 3, 2)
-    summary = {f["comparison"]: f["differing"] for f in report.factors}
+    summary = {f.comparison: f.differing for f in report.factors}
     assert summary == {"prefix cache cold→hot": 1, "batch size 1→8": 1, "order (seed 0) at batch size 8": 1}
     assert report.to_dict()["requests"][0]["factor"] == "prefix_cache"
-    assert report.cache_hits == [{"pass": 1, "hit": 0, "missed": 0, "unknown": 4}]  # comp() records no cache count
+    assert report.cache_hits == [CacheHits(1, hit=0, missed=0, unknown=4)]  # comp() records no cache count
 
 
 def test_a_request_varying_under_two_factors_names_both():
@@ -521,7 +523,7 @@ def test_a_comparison_with_no_request_in_both_passes_is_never_invariant():
     # pass 2 (batch size) ran nothing: its comparison is not evidence of invariance
     current = record(2, {"k": planned("k", comp(IDS), comp(IDS))}, schedule={"passes": PLAN["passes"][:3]})
     report = judge_run(current, None)
-    assert [(f["pass"], f["compared"], f["differing"]) for f in report.factors] == [(1, 1, 0), (2, 0, 0)]
+    assert [(f.pass_, f.compared, f.differing) for f in report.factors] == [(1, 1, 0), (2, 0, 0)]
     lines = factor_lines(report.factors)
     assert lines == ["invariant under: prefix cache cold→hot",
                      "not exercised: batch size 1→8 (no request ran in both passes)"]
@@ -534,7 +536,7 @@ def test_hot_pass_cache_hits_are_counted_from_the_engine():
         cs[1].cached_tokens = cached
         outs[key] = cs
     report = judge_run(record(2, outs, schedule=PLAN), None)
-    assert report.cache_hits == [{"pass": 1, "hit": 1, "missed": 1, "unknown": 0}]
+    assert report.cache_hits == [CacheHits(1, hit=1, missed=1, unknown=0)]
     from evalgate.reports.explain import factor_lines
 
     assert any("1 of 2 requests were served from the prefix cache; 1 was not" in line
@@ -549,7 +551,7 @@ def test_baseline_comparison_is_per_condition():
     # judged alone, each run has prefix-cache variance; against each other, every condition agrees
     assert by_key(judge_run(current, None))["k"].factor == "prefix_cache"
     report = judge_run(current, baseline)
-    assert [(p["baseline_pass"], p["current_pass"]) for p in report.baseline_pairs] == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    assert [(p.baseline_pass, p.current_pass) for p in report.baseline_pairs] == [(0, 0), (1, 1), (2, 2), (3, 3)]
     # a check whose hot pass departs from the baseline's hot pass (and agrees with its own cold pass)
     hot_only = {"passes": [p for p in PLAN["passes"] if p["index"] in (0, 1)]}
     current = record(3, {"k": planned("k", comp(IDS), comp(IDS))}, schedule=hot_only)
@@ -563,7 +565,7 @@ def test_a_check_with_no_condition_in_common_compares_first_passes_and_says_so()
     other = {"passes": [dict(PLAN["passes"][2], index=0, reference=None, factor=None)]}  # c=8 only
     current = record(2, {"k": passes("k", comp(IDS))}, schedule=other)
     report = judge_run(current, baseline)
-    assert report.baseline_pairs == [{"baseline_pass": 0, "current_pass": 0, "same_condition": False,
+    assert to_json(report.baseline_pairs) == [{"baseline_pass": 0, "current_pass": 0, "same_condition": False,
                                       "condition": "baseline concurrency 1, given order, cache cold vs "
                                                    "concurrency 8, given order, cache cold"}]
     assert by_key(report)["k"].verdict == "stable"
@@ -579,7 +581,7 @@ def test_a_run_recorded_before_conditions_still_judges_unattributed():
     baseline = record(1, {"k": passes("k", comp(IDS), comp(OTHER))}, schedule=old)
     current = record(3, {"k": planned("k", comp(IDS), comp(IDS), comp(IDS), comp(IDS))}, schedule=PLAN)
     report = judge_run(current, baseline)
-    assert [(p["baseline_pass"], p["current_pass"]) for p in report.baseline_pairs] == [(0, 0)]
+    assert [(p.baseline_pass, p.current_pass) for p in report.baseline_pairs] == [(0, 0)]
     assert by_key(report)["k"].verdict == "stable"
 
 
@@ -627,7 +629,7 @@ def test_the_near_tie_margin_follows_the_dtype_and_is_recorded_resolved(dtype, m
 def test_a_run_recorded_before_keeps_its_margin_and_a_suites_own_wins():
     from evalgate.configuration.policy import GatePolicy
 
-    assert GatePolicy.from_dict(None).near_tie_margin == 0.1  # judged before the margin followed the dtype
-    assert GatePolicy.from_dict({"fail_on": "bits", "near_tie_margin": 0.1}).for_dtype("bfloat16").near_tie_margin == 0.1
-    assert GatePolicy.from_dict({"fail_on": "bits", "near_tie_margin": None}).for_dtype("bfloat16").near_tie_margin == 0.25
+    assert GatePolicy.recorded(None).near_tie_margin == 0.1  # judged before the margin followed the dtype
+    assert GatePolicy.recorded({"fail_on": "bits", "near_tie_margin": 0.1}).for_dtype("bfloat16").near_tie_margin == 0.1
+    assert GatePolicy.recorded({"fail_on": "bits", "near_tie_margin": None}).for_dtype("bfloat16").near_tie_margin == 0.25
     assert GatePolicy(near_tie_margin=0.5).for_dtype("float32").near_tie_margin == 0.5

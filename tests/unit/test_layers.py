@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "evalgate"
 # The floors, ground first: a module imports its own floor and the floors below, never one above. A package
 # or top-level module not listed here fails `test_every_package_has_a_floor`.
 FLOORS = (
-    ("errors", "hashing", "registry", "owners", "collector", "processes", "hub_cache", "atomic", "timings", "fingerprint",
+    ("errors", "hashing", "registry", "owners", "collector", "processes", "hub_cache", "atomic", "timings", "codec", "fingerprint",
      "records", "kernels"),
     ("configuration",),
     ("engines", "lmeval", "models"),

@@ -15,6 +15,7 @@ from helpers import migration
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from evalgate.codec import to_json
 from evalgate.configuration.schedule import Schedule, plan_passes
 from evalgate.configuration.suite import load_suite
 from evalgate.fingerprint import COMPONENTS, component, fingerprint_hash
@@ -207,8 +208,8 @@ def test_stored_runs_get_the_verdicts_and_divergences_of_in_memory_ones(tmp_path
 
     base2, check2 = differing_variants()
     memory = judge_run(in_memory(2, check2), in_memory(1, base2))
-    got = {v.key: v.to_dict() for v in stored.verdicts}
-    want = {v.key: v.to_dict() for v in memory.verdicts}
+    got = {v.key: to_json(v) for v in stored.verdicts}
+    want = {v.key: to_json(v) for v in memory.verdicts}
     assert got == want
     assert {k: v["verdict"] for k, v in got.items()} == {
         "same": "stable", "logprob": "silent_regression", "longer": "silent_regression",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from evalgate.codec import to_json
 from evalgate.judgement.judging import Judging, judge_stored, stored_report
 from evalgate.judgement.report import Report
 from evalgate.records import output_digest
@@ -48,7 +49,7 @@ def test_every_recorded_run_is_judged_as_it_was(store):
         # fields added since the recording (`across`: a cross-hardware class; `prompt`: a moved rendered prompt)
         # are new, and None on a run of one class whose prompts did not move
         added = {"across", "prompt"}
-        got = [v.to_dict() for v in report.verdicts if v.verdict != "stable"]
+        got = [to_json(v) for v in report.verdicts if v.verdict != "stable"]
         assert all(d.pop(name) is None for d in got for name in added), run.id
         # `kinds`, new too, agrees with the recorded `bits_only`: logprob alone is drift, none for new/missing
         for d in got:
@@ -120,7 +121,7 @@ def test_version_1_and_version_2_payloads_side_by_side_judge_identically(store):
                                   (run.id, copies[run.baseline_run_id])):
             report = judge_stored(store, current, baseline, Judging(run.kind))
             assert report.counts == recorded.counts == run.summary, run.id
-            assert canonical([v.to_dict() for v in report.verdicts]) == canonical([v.to_dict() for v in recorded.verdicts])
+            assert canonical([to_json(v) for v in report.verdicts]) == canonical([to_json(v) for v in recorded.verdicts])
             for name in ("factors", "cache_hits", "baseline_pairs", "differences"):
                 assert canonical(report.to_dict()[name]) == canonical(recorded.to_dict()[name]), (run.id, name)
         digests = {(k, c.pass_index): c.digest for k, cs in store.load(run.id).outputs.items() for c in cs}

@@ -9,15 +9,16 @@ import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from dataclasses import replace
+from dataclasses import is_dataclass, replace
 
 import pytest
 
+from evalgate.codec import to_json
 from evalgate.judgement.compare import Divergence
 from evalgate.judgement.paired import PairedTest
-from evalgate.judgement.report import Report
+from evalgate.judgement.report import BatchInvariance, Report
 from evalgate.judgement.scores import MetricRow
-from evalgate.judgement.verdict import RequestVerdict
+from evalgate.judgement.verdict import CacheHits, FactorRow, RequestVerdict
 from evalgate.records import Completion
 from evalgate.reports import github
 from evalgate.reports.html import RequestDiff, Side, render_html
@@ -48,13 +49,11 @@ def sample(strict: bool = False) -> Report:
     ]
     return Report(kind="check", suite_name="smoke <1> & co", run_id=7, baseline_run_id=3, verdicts=verdicts,
                   changed_components=["model"],
-                  batch_invariance={"requested": True, "in_force": False, "reason": "not available on cpu"},
+                  batch_invariance=BatchInvariance(True, False, "not available on cpu"),
                   strict=strict, factors=[
-                      {"factor": "prefix_cache", "comparison": "prefix cache cold→hot", "reference_pass": 0, "pass": 1,
-                       "differing": 0, "requests": 4, "keys": []},
-                      {"factor": "batch_size", "comparison": "batch size 1→16", "reference_pass": 0, "pass": 2,
-                       "differing": 1, "requests": 4, "keys": [NASTY]}],
-                  cache_hits=[{"pass": 1, "hit": 3, "missed": 1, "unknown": 0}], fingerprint_changes=CHANGES)
+                      FactorRow("prefix_cache", "prefix cache cold→hot", 0, 1, differing=0, requests=4, keys=[]),
+                      FactorRow("batch_size", "batch size 1→16", 0, 2, differing=1, requests=4, keys=[NASTY])],
+                  cache_hits=[CacheHits(1, hit=3, missed=1, unknown=0)], fingerprint_changes=CHANGES)
 
 
 # --- GitHub: workflow commands ----------------------------------------------------------------------------
@@ -159,7 +158,7 @@ def test_step_summary_truncates_and_orders_failures_first():
 def test_step_summary_pass_without_changes():
     report = Report(kind="baseline", suite_name="s", run_id=1, baseline_run_id=None,
                     verdicts=[RequestVerdict("a", "stable", "/x/p.jsonl:1")], changed_components=[],
-                    batch_invariance={"requested": True, "in_force": True, "reason": ""}, promoted=True)
+                    batch_invariance=BatchInvariance(True, True, ""), promoted=True)
     assert github.step_summary(report) == (
         "## evalgate baseline: PASS\n\nSuite **s**, run 1: exit 0.\n\n"
         "**batch invariance:** in force (VLLM\\_BATCH\\_INVARIANT=1)\n\n"
@@ -251,7 +250,7 @@ def test_junit_one_testsuite_per_prompts_file_and_illegal_xml_characters():
                                        "other_concurrency": 8, "differing_passes": 1, "total_passes": 2}),
                 RequestVerdict("b", "stable", "/w/sub/two.jsonl:4")]
     report = Report(kind="check", suite_name="s", run_id=2, baseline_run_id=1, verdicts=verdicts,
-                    changed_components=[], batch_invariance={})
+                    changed_components=[])
     root = ET.fromstring(junit_xml(report, suite_file="/w/evalgate.toml"))  # would raise on a raw \x01
     assert [s.get("name") for s in root.findall("testsuite")] == ["one.jsonl", "sub/two.jsonl"]
     assert [s.get("failures") for s in root.findall("testsuite")] == ["1", "0"]
@@ -322,7 +321,7 @@ def test_html_page_is_self_contained_escaped_and_highlights_the_divergence():
     missing = RequestVerdict("gone", "missing", f"{PROMPTS}:9", components=["suite"])
     report = Report(kind="check", suite_name="s <&>", run_id=7, baseline_run_id=3, verdicts=[v, missing],
                     changed_components=["model"], stable=1,
-                    batch_invariance={"requested": True, "in_force": False, "reason": "cpu"},
+                    batch_invariance=BatchInvariance(True, False, "cpu"),
                     fingerprint_changes={"model": "files changed: <w>.safetensors"})
     html = render_html(run_row(), report, [RequestDiff(v, "prompt <b>bold</b>", Side("reference: run 7, pass 0", ref),
                                                        Side("disagreeing pass: run 7, pass 2", cur)),
@@ -349,8 +348,7 @@ def test_html_marks_the_end_of_a_shorter_output():
     cur = _completion([5, 6, 7], [" a", " b", " c"])
     v = RequestVerdict("k", "explained_change", "/p.jsonl:1", Divergence(2, "length", None, None, 7, " c", None),
                        components=["model"])
-    report = Report(kind="check", suite_name="s", run_id=2, baseline_run_id=1, verdicts=[v], changed_components=["model"],
-                    batch_invariance={})
+    report = Report(kind="check", suite_name="s", run_id=2, baseline_run_id=1, verdicts=[v], changed_components=["model"],)
     html = render_html(run_row(id=2, suite_name="s", verdict="pass", exit_code=0, baseline_run_id=1), report,
                        [RequestDiff(v, "p", Side("b", ref), Side("c", cur))])
     assert '<span class="tok end first-divergence"' in html and ">(end)</span>" in html
@@ -385,7 +383,7 @@ def test_a_report_reads_back_as_it_was_written():
     assert [v.bits_only for v in again.verdicts[:2]] == [False, True] and [len(x) for x in (again.failing, again.drift)] == [
         len(report.failing), len(report.drift)]
     def plain(sections):  # verdicts and the hardware section as their dicts (a frozenset's repr has no fixed order)
-        return json.loads(json.dumps(sections, default=lambda o: o.to_dict() if hasattr(o, "to_dict") else str(o)))
+        return json.loads(json.dumps(sections, default=lambda o: to_json(o) if is_dataclass(o) else str(o)))
 
     assert plain(again.sections()) == plain(report.sections())
 
@@ -445,7 +443,7 @@ def test_off_a_terminal_nothing_is_broken_inside_a_word_and_long_lists_are_cappe
     metrics = [MetricRow("evalgate_capitals_and_a_long_task_name", "exact_match,strip_and_more", 0.75, 0.5, -0.25,
                          paired=PairedTest("mcnemar_exact", 50, 0, 12, 0.00049, 0.05, True, "down", True))]
     report = Report(kind="check", suite_name="s", run_id=2, baseline_run_id=1, verdicts=verdicts,
-                    changed_components=["model"], batch_invariance={}, metrics=metrics)
+                    changed_components=["model"], metrics=metrics)
     out = io.StringIO()
     render_report(Console(file=out, width=80, force_terminal=False, highlight=False), report)
     text = out.getvalue()
