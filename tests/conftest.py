@@ -14,6 +14,7 @@ import pytest
 # subprocess CLI's (cli_env), so tests read unwrapped lines either way
 os.environ["COLUMNS"] = "200"
 from helpers import CLI, SQLITE_IN_SUITE_DIR, TEST_ENV, InlineCLI, bare_model, cached_model
+from helpers import tokenized_model as tokenized_model_dir
 
 pytest_plugins = ["pg", "variance"]  # tests/pg.py: a throwaway PostgreSQL server when EVALGATE_TEST_POSTGRES=1;
 # tests/variance.py: what varies on this machine (the survey) and plain vLLM's findings (the oracle)
@@ -72,6 +73,13 @@ def tiny_model(models_dir) -> Path:
 def arith_model(models_dir) -> Path:
     """The tiny architecture trained on the example lm-eval task's sums (about 80 s to build)."""
     return cached_model(models_dir, "arith")
+
+
+@pytest.fixture(scope="session")
+def tokenized_model(tmp_path_factory) -> Path:
+    """A fake-engine model directory with the tiny preset's real tokenizer, built in a second without torch:
+    the fast tiers' model wherever prompt ids or a chat template matter and the weights do not."""
+    return tokenized_model_dir(tmp_path_factory.mktemp("tokenized-model"))
 
 
 @pytest.fixture(scope="session")

@@ -148,6 +148,20 @@ def bare_model(directory: Path, seed: int = 0, vocab_size: int = 256) -> Path:
     return directory
 
 
+def tokenized_model(directory: Path, seed: int = 0) -> Path:
+    """A model directory for the fake engine with the tiny preset's real tokenizer (the `tokenizers` library:
+    no torch, no model build), for what needs prompt ids and chat templates: tokenizer.json, a
+    tokenizer_config.json as transformers writes it, and `bare_model`'s config and weights."""
+    from evalgate.models.tinymodel import PRESETS, build_tokenizer
+
+    tokenizer = build_tokenizer(PRESETS["tiny"]["vocab_size"])
+    bare_model(directory, seed=seed, vocab_size=tokenizer.get_vocab_size())
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}))
+    return directory
+
+
 SQLITE_IN_SUITE_DIR = "sqlite:///evalgate.sqlite"  # relative: the file next to the suite file
 
 

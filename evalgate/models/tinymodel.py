@@ -58,6 +58,24 @@ def _corpus() -> list[str]:
     return lines
 
 
+def build_tokenizer(vocab_size: int):
+    """The presets' byte-level BPE (the `tokenizers` library alone: no torch, no transformers), trained on the
+    embedded corpus to `vocab_size` tokens, `<s>` and `</s>` included."""
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError as exc:
+        raise MissingDependency(exc.name or "tokenizers") from None
+    tokenizer = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - 2, special_tokens=["<s>", "</s>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer=trainer)
+    return tokenizer
+
+
 def default_cache_dir() -> Path:
     return Path(os.environ.get("EVALGATE_HOME", Path.home() / ".cache" / "evalgate")) / "models"
 
@@ -67,7 +85,6 @@ def build_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0, steps:
     training steps of a trained preset (default TRAIN_STEPS[preset]); ignored by untrained presets."""
     try:
         import torch
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
         from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
     except ImportError as exc:
         raise MissingDependency(exc.name or "torch/transformers/tokenizers") from None
@@ -81,15 +98,8 @@ def build_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0, steps:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
-        tokenizer = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tokenizer.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=params["vocab_size"] - 2, special_tokens=["<s>", "</s>"], show_progress=False,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        )
-        tokenizer.train_from_iterator(_corpus(), trainer=trainer)
-        fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>")
+        fast = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(params["vocab_size"]), bos_token="<s>",
+                                       eos_token="</s>")
         fast.save_pretrained(tmp)
 
         torch.manual_seed(seed)

@@ -21,19 +21,19 @@ CHATS = [
 ]
 
 
-def chat_model(tiny_model, tmp_path):
+def chat_model(tokenized_model, tmp_path):
     model = tmp_path / "model"
-    shutil.copytree(tiny_model, model)
+    shutil.copytree(tokenized_model, model)
     (model / "chat_template.jinja").write_text(TEMPLATE)
     return model
 
 
-def test_chat_prompt_ids_come_from_the_template(inline_cli, tmp_path, tiny_model):
+def test_chat_prompt_ids_come_from_the_template(inline_cli, tmp_path, tokenized_model):
     from transformers import AutoTokenizer
 
     from evalgate.records import unpack_ids
 
-    model = chat_model(tiny_model, tmp_path)
+    model = chat_model(tokenized_model, tmp_path)
     suite = write_suite(tmp_path / "ws", model, CHATS, concurrency=(1,), shuffles=0, kind="fake")
     inline_cli("baseline", "create", suite, check=0)
     tokenizer = AutoTokenizer.from_pretrained(str(model))
@@ -55,16 +55,16 @@ def test_chat_prompt_ids_come_from_the_template(inline_cli, tmp_path, tiny_model
     assert set(verdicts) == {"c1"} and report["counts"]["stable"] == 2
 
 
-def test_a_model_without_a_chat_template_is_a_usage_error_naming_the_line(inline_cli, tmp_path, tiny_model):
-    suite = write_suite(tmp_path / "ws", tiny_model, [CHATS[2], CHATS[0]], concurrency=(1,), shuffles=0, kind="fake")
+def test_a_model_without_a_chat_template_is_a_usage_error_naming_the_line(inline_cli, tmp_path, tokenized_model):
+    suite = write_suite(tmp_path / "ws", tokenized_model, [CHATS[2], CHATS[0]], concurrency=(1,), shuffles=0, kind="fake")
     proc = inline_cli("baseline", "create", suite, check=2)
     said = " ".join((proc.stdout + proc.stderr).split())
     assert f"{tmp_path / 'ws' / 'prompts.jsonl'}:2" in said and "has no chat template" in said
     assert not db_exists(database_url(suite))  # exit 2 writes nothing: the prompts are checked before the store opens
 
 
-def test_a_template_that_refuses_the_messages_is_a_usage_error(inline_cli, tmp_path, tiny_model):
-    model = chat_model(tiny_model, tmp_path)
+def test_a_template_that_refuses_the_messages_is_a_usage_error(inline_cli, tmp_path, tokenized_model):
+    model = chat_model(tokenized_model, tmp_path)
     bad = {"id": "c9", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
     suite = write_suite(tmp_path / "ws", model, [CHATS[0], bad], concurrency=(1,), shuffles=0, kind="fake")
     proc = inline_cli("baseline", "create", suite, check=2)
@@ -74,9 +74,9 @@ def test_a_template_that_refuses_the_messages_is_a_usage_error(inline_cli, tmp_p
     assert not db_exists(database_url(suite))
 
 
-def test_a_messages_line_that_is_not_a_chat_is_exit_2_naming_file_and_line(inline_cli, tmp_path, tiny_model):
+def test_a_messages_line_that_is_not_a_chat_is_exit_2_naming_file_and_line(inline_cli, tmp_path, tokenized_model):
     bad = {"id": "c9", "messages": [{"role": "user", "text": "Hi"}]}
-    suite = write_suite(tmp_path / "ws", tiny_model, [CHATS[0], bad], concurrency=(1,), shuffles=0, kind="fake")
+    suite = write_suite(tmp_path / "ws", tokenized_model, [CHATS[0], bad], concurrency=(1,), shuffles=0, kind="fake")
     proc = inline_cli("baseline", "create", suite, check=2)
     said = " ".join((proc.stdout + proc.stderr).split())
     assert f"{tmp_path / 'ws' / 'prompts.jsonl'}:2" in said

@@ -45,10 +45,10 @@ def calendar(monkeypatch):
     return move_to
 
 
-def dated_suite(tmp_path, tiny_model, setting: str | None = None):
+def dated_suite(tmp_path, tokenized_model, setting: str | None = None):
     model = tmp_path / "model"
     if not model.exists():
-        shutil.copytree(tiny_model, model)
+        shutil.copytree(tokenized_model, model)
         (model / "chat_template.jinja").write_text(TEMPLATE)
     suite = write_suite(tmp_path / "ws", model, PROMPTS, concurrency=(1, 4), shuffles=0, kind="fake")
     if setting is not None:
@@ -64,8 +64,8 @@ def rendered(suite, run_id: int) -> dict[str, str]:
     return {key: tokenizer.decode(unpack_ids(ids), skip_special_tokens=False) for key, ids in rows}
 
 
-def test_a_baseline_pins_its_day_and_every_later_check_reuses_it(inline_cli, tmp_path, tiny_model, calendar):
-    suite = dated_suite(tmp_path, tiny_model)
+def test_a_baseline_pins_its_day_and_every_later_check_reuses_it(inline_cli, tmp_path, tokenized_model, calendar):
+    suite = dated_suite(tmp_path, tokenized_model)
     calendar("2026-03-01T09:00:00")
     made = inline_cli("baseline", "create", suite, "--json-report", tmp_path / "create.json", check=0)
     assert "this chat template writes today's date; pinned to 2026-03-01" in made.stdout
@@ -84,7 +84,7 @@ def test_a_baseline_pins_its_day_and_every_later_check_reuses_it(inline_cli, tmp
     assert rendered(suite, 2) == day1
 
     # pinning turned off: the template reads the real clock, the prompts move, and `prompt` says where
-    wall = dated_suite(tmp_path, tiny_model, '"wall-clock"')
+    wall = dated_suite(tmp_path, tokenized_model, '"wall-clock"')
     unpinned = inline_cli("check", wall, "--json-report", tmp_path / "wall.json", check=0)
     report = read_json(tmp_path / "wall.json")
     verdicts = {r["key"]: r for r in report["requests"]}
@@ -100,7 +100,7 @@ def test_a_baseline_pins_its_day_and_every_later_check_reuses_it(inline_cli, tmp
     assert 'rendered prompt differs at token' in unpinned.stdout and '02 Mar 2026' in unpinned.stdout
 
     # another pinned date, written as a TOML date: explained too, the dates named
-    other = dated_suite(tmp_path, tiny_model, "2026-03-05")
+    other = dated_suite(tmp_path, tokenized_model, "2026-03-05")
     inline_cli("check", other, "--json-report", tmp_path / "other.json", check=0)
     report = read_json(tmp_path / "other.json")
     assert report["template_date"] == {"date": "2026-03-05", "baseline_date": "2026-03-01"}
@@ -108,10 +108,10 @@ def test_a_baseline_pins_its_day_and_every_later_check_reuses_it(inline_cli, tmp
     assert "'2026-03-01' -> '2026-03-05'" in report["fingerprint_changes"]["prompt"]
 
 
-def test_survey_says_the_pin_in_one_line(inline_cli, tmp_path, tiny_model, calendar):
+def test_survey_says_the_pin_in_one_line(inline_cli, tmp_path, tokenized_model, calendar):
     """`survey` (and `init`, which runs it) tells a new user the template reads the date, and which one it got."""
     calendar("2026-12-04T10:00:00")
-    surveyed = inline_cli("survey", dated_suite(tmp_path, tiny_model), check=0)
+    surveyed = inline_cli("survey", dated_suite(tmp_path, tokenized_model), check=0)
     assert "this chat template writes today's date; pinned to 2026-12-04" in surveyed.stdout
 
 

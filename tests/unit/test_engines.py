@@ -62,8 +62,8 @@ def test_errors_rebuilt_from_their_exit_code_keep_it():
 
 
 @pytest.fixture
-def fake_suite(tmp_path, tiny_model):
-    def make(model=tiny_model, **kwargs):
+def fake_suite(tmp_path, tokenized_model):
+    def make(model=tokenized_model, **kwargs):
         return load_suite(write_suite(tmp_path / f"ws{len(list(tmp_path.iterdir()))}", model,
                                       [f"prompt {i}" for i in range(4)], kind="fake", **kwargs))
     return make
@@ -76,7 +76,7 @@ def outputs(suite, crowded: bool):
     return [engine.generate([p])[0] for p in suite.prompts]
 
 
-def test_fake_outputs_are_a_pure_function_of_weights_and_prompt(fake_suite, tmp_path, tiny_model):
+def test_fake_outputs_are_a_pure_function_of_weights_and_prompt(fake_suite, tmp_path, tokenized_model):
     import shutil
 
     suite = fake_suite()
@@ -87,7 +87,7 @@ def test_fake_outputs_are_a_pure_function_of_weights_and_prompt(fake_suite, tmp_
     assert all(c.top(0)[1] == sorted(c.top(0)[1], reverse=True) for c in first)
     assert len({tuple(c.output_ids) for c in first}) == len(first)  # each prompt its own output
     other = tmp_path / "other-weights"
-    shutil.copytree(tiny_model, other)
+    shutil.copytree(tokenized_model, other)
     (other / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes()[::-1])
     swapped = outputs(fake_suite(model=other), crowded=False)
     assert all(a.output_ids.tolist() != b.output_ids.tolist() for a, b in zip(first, swapped))
@@ -110,8 +110,8 @@ def test_fake_scores_the_continuation_tokens(fake_suite):
     assert done.output_ids.tolist() == [7, 8] and done.finish_reason == "scored" and done.prompt_ids == [1, 2, 3, 7, 8]
 
 
-def test_fake_keys_are_checked(tmp_path, tiny_model):
-    suite = write_suite(tmp_path, tiny_model, ["hi"], kind="fake", extra_engine="fake_vary_with_batch = [1]")
+def test_fake_keys_are_checked(tmp_path, tokenized_model):
+    suite = write_suite(tmp_path, tokenized_model, ["hi"], kind="fake", extra_engine="fake_vary_with_batch = [1]")
     with pytest.raises(ConfigError, match="fake_vary_with_batch"):
         load_suite(suite)
 
