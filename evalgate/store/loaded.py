@@ -2,8 +2,9 @@
 
 A judgement of two equal runs needs each output's request, pass and digest, and nothing else: they are
 read in one scan of a covering index (`ix_outputs_digests`), about 15,000 rows for a run of 5,000 requests
-and 3 passes. A request's completions (placement, finish reason, payload) and a request's prompt, prompt
-ids and sampling are read the first time something looks at them; `RunRecord.prefetch` reads those of
+and 3 passes, with each request's key, hash and prompt ids (packed bytes: a judgement against a baseline
+compares them). A request's completions (placement, finish reason, payload) and a request's prompt and
+sampling are read the first time something looks at them; `RunRecord.prefetch` reads those of
 several requests in one query, as the judge does for the requests whose digests differ.
 """
 
@@ -156,13 +157,16 @@ class RunPayloads:
 
 
 class StoredRequest:
-    """A stored request row: its key, request hash, location and type at once; its prompt, prompt ids,
-    sampling and rendering read (for the whole run, in one query) the first time one is wanted."""
+    """A stored request row: its key, request hash, location, type and prompt ids (packed, compared as bytes:
+    every judgement against a baseline compares them) at once; its prompt, sampling and rendering read (for
+    the whole run, in one query) the first time one is wanted."""
 
-    __slots__ = ("key", "request_hash", "location", "request_type", "_details")
+    __slots__ = ("key", "request_hash", "location", "request_type", "prompt_ids", "_details")
 
-    def __init__(self, key: str, request_hash: str, location: str | None, request_type: str, details: RequestDetails):
+    def __init__(self, key: str, request_hash: str, location: str | None, request_type: str, prompt_ids: bytes,
+                 details: RequestDetails):
         self.key, self.request_hash, self.location, self.request_type = key, request_hash, location, request_type
+        self.prompt_ids = prompt_ids
         self._details = details
 
     @property
@@ -170,21 +174,17 @@ class StoredRequest:
         return self._details(self.key)[0]
 
     @property
-    def prompt_ids(self) -> bytes:
-        return self._details(self.key)[1]
-
-    @property
     def sampling(self) -> dict:
-        return self._details(self.key)[2]
+        return self._details(self.key)[1]
 
     @property
     def rendered(self) -> str:
         """The prompt as the engine saw it, as text: a chat's rendering, else the prompt itself."""
-        return self._details(self.key)[3] or self.prompt
+        return self._details(self.key)[2] or self.prompt
 
 
 class RequestDetails:
-    """The prompt, prompt ids, sampling and rendering of a stored run's requests, read once when first wanted."""
+    """The prompt, sampling and rendering of a stored run's requests, read once when first wanted."""
 
     def __init__(self, store: StoreBase, run_id: int):
         self.store, self.run_id = store, run_id
@@ -193,11 +193,10 @@ class RequestDetails:
     def __call__(self, key: str) -> tuple:
         if self._rows is None:
             requests = Request.__table__
-            q = select(requests.c.key, requests.c.prompt, requests.c.prompt_ids, requests.c.sampling,
+            q = select(requests.c.key, requests.c.prompt, requests.c.sampling,
                        requests.c.rendered).where(requests.c.run_id == self.run_id)
             with self.store.session() as s:
-                self._rows = {key: (prompt, bytes(ids), sampling, rendered)
-                              for key, prompt, ids, sampling, rendered in s.execute(q)}
+                self._rows = {key: (prompt, sampling, rendered) for key, prompt, sampling, rendered in s.execute(q)}
         return self._rows[key]
 
 
@@ -207,10 +206,10 @@ def load_run(store: StoreBase, run, fingerprint: dict, rescoring: int | None = N
     details = RequestDetails(store, run.id)
     mark = store.placeholders(1)
     with store.session() as s:
-        requests = {key: StoredRequest(key, request_hash, location, request_type, details)
-                    for key, request_hash, location, request_type in store.select_rows(
-                        s, f"SELECT key, request_hash, location, request_type FROM requests WHERE run_id = {mark} "
-                        "ORDER BY id", (run.id,))}
+        requests = {key: StoredRequest(key, request_hash, location, request_type, bytes(ids), details)
+                    for key, request_hash, location, request_type, ids in store.select_rows(
+                        s, "SELECT key, request_hash, location, request_type, prompt_ids FROM requests "
+                        f"WHERE run_id = {mark} ORDER BY id", (run.id,))}
         which = "pass_index >= 0" if rescoring is None else f"pass_index = {int(rescoring)}"
         rows = store.select_rows(s, "SELECT pass_index, digest, cached_tokens, request_key FROM outputs "
                                     f"WHERE run_id = {mark} AND {which} ORDER BY request_key, pass_index", (run.id,))

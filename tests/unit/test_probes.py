@@ -151,3 +151,16 @@ def test_the_adapter_mix_probes_neighbours_differ_between_its_passes_in_their_ad
     assert other_adapters(None, adapters) == ["x", "y"]
     alone = {"only": Prompt("only", "t", None, 1, adapter="x")}
     assert [p.adapter for p in mix_neighbours(alone["only"], ["only"], alone, 2, ["x"], mixed=True)] == [None, None]
+
+
+def test_labelling_the_schedules_passes_never_scans_the_installed_plugins(monkeypatch):
+    """A judgement labels every comparison: a pass of no probe, or of a built-in one, is labelled without
+    reading every installed distribution's entry points (that scan took 20 ms a label)."""
+    from evalgate import registry
+
+    def scan(group):
+        raise AssertionError(f"scanned the {group!r} entry points")
+
+    passes = plan_passes(Schedule(concurrency=(1, 8), shuffles=1))
+    monkeypatch.setattr(registry.metadata, "entry_points", scan)
+    assert "batch size 1→8" in [comparison_label(passes[0], p) for p in passes[1:]]
