@@ -576,7 +576,7 @@ def _measure(suite: Suite, candidate: Candidate, index: int, count: int, schedul
     rss = _PeakRss()
     others_left = count - index - 1
 
-    def progress(done: int, total: int, label: str) -> None:
+    def progress(done: int, total: int, label: str, *_pass) -> None:
         rss.sample()
         elapsed = time.perf_counter() - started
         this_total = elapsed * total / done if done else None

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -146,17 +148,52 @@ def parse_levels(value: str | None) -> list[int] | None:
 
 
 def progress_bar():
-    """A rich progress bar for runs; returns (context manager, callback)."""
+    """A run's progress on stderr; returns (context manager, callback). On a terminal: a bar for the pass now
+    running and one for the whole run, each with its requests done and time remaining. Elsewhere (a CI log):
+    plain lines, when a pass starts, at most every LOG_EVERY seconds while it runs, and when it ends."""
+    if not sys.stderr.isatty():
+        return contextlib.nullcontext(), ProgressLines(err_console.print)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                        console=err_console, transient=True, disable=not sys.stderr.isatty())
-    task = progress.add_task("starting", total=None)
+                        console=err_console, transient=True)
+    whole = progress.add_task("run", total=None)
+    current = progress.add_task("starting", total=None)
 
-    def update(done: int, total: int, label: str) -> None:
-        progress.update(task, completed=done, total=total, description=label)
+    def update(done: int, total: int, label: str, pass_done: int = 0, pass_total: int = 0) -> None:
+        if progress.tasks[current].description != label:
+            progress.reset(current, total=pass_total or None, description=label)
+        progress.update(current, completed=pass_done, total=pass_total or None)
+        progress.update(whole, completed=done, total=total, description="run")
 
     return progress, update
+
+
+LOG_EVERY = 30.0  # seconds between two progress lines of a pass in a CI log
+
+
+class ProgressLines:
+    """A run's progress as plain lines (a CI log): `pass 2 (concurrency 8): 1,000/5,000 requests, 41.7/s, 96 s
+    left; run 6,000/20,000`."""
+
+    def __init__(self, print_line, clock=time.monotonic):
+        self.print_line, self.clock = print_line, clock
+        self.label: str | None = None
+        self.started = self.last = 0.0
+
+    def __call__(self, done: int, total: int, label: str, pass_done: int = 0, pass_total: int = 0) -> None:
+        now = self.clock()
+        if label != self.label:
+            self.label, self.started, self.last = label, now, now
+        elif pass_done < pass_total and now - self.last < LOG_EVERY:
+            return
+        self.last = now
+        elapsed = now - self.started
+        rate = pass_done / elapsed if elapsed > 0 and pass_done else None
+        left = f", {(pass_total - pass_done) / rate:.0f} s left" if rate and pass_done < pass_total else ""
+        speed = f", {rate:.1f}/s" if rate else ""
+        self.print_line(f"{label}: {pass_done:,}/{pass_total:,} requests{speed}{left}; run {done:,}/{total:,}",
+                        markup=False, highlight=False, soft_wrap=True)
 
 
 JsonOpt = typer.Option(None, "--json-report", help="Also write the result as JSON")

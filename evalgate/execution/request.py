@@ -18,8 +18,9 @@ if TYPE_CHECKING:
     from ..configuration.suite import Suite
     from .rescore import Rescore
 
-# progress(done, total, label): requests completed across all passes.
-Progress = Callable[[int, int, str], None]
+# progress(done, total, label, pass_done, pass_total): requests completed across all passes, and in the
+# pass now running (its label).
+Progress = Callable[[int, int, str, int, int], None]
 
 BISECT_KIND = "bisect"  # a bisector's trial run: never judged against a baseline
 

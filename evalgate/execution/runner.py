@@ -272,6 +272,8 @@ class Recording:
     first_pass: dict[str, Completion] = field(default_factory=dict)
     done: int = 0
     total: int = 0
+    pass_done: int = 0
+    pass_total: int = 0
     rescored: bool = False
 
     def run(self) -> Dropped:
@@ -279,11 +281,13 @@ class Recording:
         load = self.plan.schedule.load
         trace = load.load_trace() if load is not None and load.trace else None  # read once for every loaded pass
         keys = [p.key for p in self.plan.suite.prompts]
-        self.total = sum(len(keys) if p.sample is None else sum(in_sample(k, p.sample) for k in keys)
-                         for p in self.plan.passes)
+        sizes = {p.index: len(keys) if p.sample is None else sum(in_sample(k, p.sample) for k in keys)
+                 for p in self.plan.passes}
+        self.total = sum(sizes.values())
         for pass_ in self.plan.passes:
             if pass_.engine_args and not self.switch_engine(pass_):
                 continue
+            self.pass_done, self.pass_total = 0, sizes[pass_.index]
             probe = get_probe(pass_.probe) if pass_.probe else None
             before = probe.before(self.engine) if probe else None
             traffic = traffic_for(pass_, self.plan.schedule, trace)
@@ -335,8 +339,10 @@ class Recording:
             completion.wave, completion.position = index, position
         recorded = [c for c, keep in zip(completions, wave.recorded) if keep]  # companions are not stored
         self.done += len(recorded)
+        self.pass_done += len(recorded)
         if self.progress:
-            self.progress(min(self.done, self.total), self.total, pass_.label)
+            self.progress(min(self.done, self.total), self.total, pass_.label, min(self.pass_done, self.pass_total),
+                          self.pass_total)
         return recorded, seconds
 
     def store_pass(self, pass_: Pass, outputs: list[Completion], wave_seconds: list[float], extra: dict) -> None:

@@ -7,7 +7,7 @@ and keeps global state), and the engine's memory is returned by the process exit
 teardown.
 
 Protocol (child -> parent over a queue): ("run", id) once the run row exists; ("progress", done, total,
-label); then exactly one of ("done", result), ("error", exit code, message, fix) or ("interrupted",). An
+label, pass_done, pass_total); then exactly one of ("done", result), ("error", exit code, message, fix) or ("interrupted",). An
 error crosses the process boundary as plain values and is rebuilt from its exit code
 (`errors.error_for_exit_code`), so every EvalgateError subclass keeps its contract exit code.
 
@@ -225,7 +225,7 @@ def _child_main(job, kwargs: dict, messages, env: Mapping[str, str | None] | Non
     signal.signal(signal.SIGTERM, interrupt)
     code = 0
     try:
-        result = job(**kwargs, progress=lambda done, total, label: messages.put(("progress", done, total, label)),
+        result = job(**kwargs, progress=lambda *figures: messages.put(("progress", *figures)),
                      on_run=lambda run_id: messages.put(("run", run_id)))
         messages.put(("done", result))
     except KeyboardInterrupt:

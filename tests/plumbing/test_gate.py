@@ -95,3 +95,16 @@ def test_a_merge_is_judged_under_its_own_fail_on(inline_cli, tmp_path, fake_mode
                                      r=merged["run_id"])
     stored, report = (json.loads(v) if isinstance(v, str) else v for v in (schedule, report))
     assert stored["gate"]["fail_on"] == "tokens" and report["gate"]["fail_on"] == "tokens"  # the report's own column
+
+
+def test_off_a_terminal_each_pass_says_its_progress_in_plain_lines(cli, tmp_path, fake_model):
+    """A CI log gets plain lines (no bar): each pass by its label with its requests done, and the run's, ending
+    at every pass's full count. A real process: the engine's child relays its progress over the queue."""
+    suite = write_suite(tmp_path / "ws", fake_model, GREEN_PROMPTS[:8], concurrency=(1, 8), shuffles=0, kind="fake")
+    err = cli("baseline", "create", suite, check=0).stderr
+    lines = [line for line in err.splitlines() if " requests" in line and "; run " in line]
+    assert lines and all("\x1b" not in line and "━" not in line for line in lines)  # plain: no bar, no colour
+    labels = list(dict.fromkeys(line.rsplit(": ", 1)[0] for line in lines))
+    assert len(labels) == 3 and all(label.startswith(f"pass {i}: ") for i, label in enumerate(labels))
+    assert all(any(f"{label}: 8/8 requests" in line for line in lines) for label in labels)
+    assert lines[-1].endswith(f"run {8 * len(labels)}/{8 * len(labels)}")
