@@ -14,12 +14,13 @@ passes reads it; `Store.load(run_id, rescoring=...)` reads one. A merged run car
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..engines import Engine
 from ..records import Completion, unpack_ids
-from ..store import BASELINE_RESCORING, OWN_RESCORING, Store
+from ..store import BASELINE_RESCORING, OWN_RESCORING, STORE_EVERY, Store
 
 
 @dataclass(frozen=True)
@@ -31,13 +32,14 @@ class Rescore:
     of_run: int | None = None
 
 
-Tokens = dict[str, tuple[list[int], list[int]]]  # request key -> (prompt ids, output ids)
+# (request key, (prompt ids, output ids)), one request at a time: a run's are never all held as lists at once
+Tokens = Iterable[tuple[str, tuple[list[int], list[int]]]]
 
 
-def tokens_of(completions: dict[str, Completion], prompt_ids: dict[str, list[int]]) -> Tokens:
+def tokens_of(completions: Mapping[str, Completion], prompt_ids: Mapping[str, list[int]]) -> Tokens:
     """The generated requests' tokens (a scoring request already is a rescoring: nothing to add)."""
-    return {key: (list(prompt_ids[key]), c.output_ids.tolist()) for key, c in completions.items()
-            if c.finish_reason != "scored" and c.output_ids.size}
+    return ((key, (list(prompt_ids[key]), c.output_ids.tolist())) for key, c in completions.items()
+            if c.finish_reason != "scored" and c.output_ids.size)
 
 
 def tokens_of_run(store: Store, run_id: int, keys: set[str]) -> Tokens:
@@ -54,24 +56,42 @@ def tokens_of_run(store: Store, run_id: int, keys: set[str]) -> Tokens:
 
 
 def score(engine: Engine, tokens: Tokens, salt: str | None, pass_index: int,
-          done: dict[str, Completion] | None = None) -> list[Completion]:
-    """Each request's tokens scored after its prompt, alone and cold (its own cache salt). `done`: rescorings
-    of the same prompt and tokens already made on this engine, reused as they are (a prefill is a function of
-    its tokens)."""
-    out = {}
+          done: Mapping[str, Completion] | None = None) -> Iterator[Completion]:
+    """Each request's tokens scored after its prompt, alone and cold (its own cache salt), as they come.
+    `done`: rescorings of the same prompt and tokens already made on this engine, reused as they are (a
+    prefill is a function of its tokens)."""
     adapters = {p.key: p.adapter for p in engine.suite.prompts if p.adapter}
     limit = engine.max_model_len - 1  # the prefill asks for one token more
-    for key, (prompt_ids, output_ids) in tokens.items():
+    wave = 0
+    for key, (prompt_ids, output_ids) in tokens:
         output_ids = output_ids[: max(0, limit - len(prompt_ids))]
         known = (done or {}).get(key)
         if known is not None and list(known.prompt_ids) == prompt_ids + output_ids:
-            out[key] = known
+            scored = known
         elif output_ids:
             # under the request's own adapter: the same weights that chose the tokens
             prompt = replace(rescoring_prompt(key, prompt_ids, output_ids), adapter=adapters.get(key))
-            out[key], = engine.generate([prompt], cache_salt=f"{salt}-rescore") if salt else engine.generate([prompt])
-    # each request is its own wave; a reused completion is copied, since it is stored under another pass too
-    return [replace(c, pass_index=pass_index, concurrency=1, wave=wave, position=0) for wave, c in enumerate(out.values())]
+            scored, = engine.generate([prompt], cache_salt=f"{salt}-rescore") if salt else engine.generate([prompt])
+        else:
+            continue
+        # each request is its own wave; a reused completion is copied, since it is stored under another pass too
+        yield replace(scored, pass_index=pass_index, concurrency=1, wave=wave, position=0)
+        wave += 1
+
+
+def store_scored(run: RecordedRun, scored: Iterable[Completion], keep: dict[str, Completion] | None = None) -> None:
+    """Rescorings into the run's store as they come, STORE_EVERY at a time (never a whole run's held);
+    `keep`: also kept by key (the baseline's tokens rescored here, which this run's own may reuse)."""
+    waiting: list[Completion] = []
+    for completion in scored:
+        waiting.append(completion)
+        if keep is not None:
+            keep[completion.key] = completion
+        if len(waiting) >= STORE_EVERY:
+            run.store.add_outputs(run.run_id, waiting)
+            waiting = []
+    if waiting:
+        run.store.add_outputs(run.run_id, waiting)
 
 
 def rescoring_prompt(key: str, prompt_ids: list[int], output_ids: list[int]) -> Prompt:
@@ -98,10 +118,7 @@ def rescore_run(rescore: Rescore, engine: Engine, run: RecordedRun) -> None:
     done: dict[str, Completion] = {}
     if rescore.of_run is not None:
         tokens = tokens_of_run(run.store, rescore.of_run, set(run.prompt_ids))
-        theirs = score(engine, tokens, run.salt, BASELINE_RESCORING)
-        run.store.add_outputs(run.run_id, theirs)
-        done = {c.key: c for c in theirs}
+        store_scored(run, score(engine, tokens, run.salt, BASELINE_RESCORING), keep=done)
     if rescore.own:
         # where this run chose the baseline's tokens, their rescoring here is this run's own too
-        own = score(engine, tokens_of(run.first_pass, run.prompt_ids), run.salt, OWN_RESCORING, done)
-        run.store.add_outputs(run.run_id, own)
+        store_scored(run, score(engine, tokens_of(run.first_pass, run.prompt_ids), run.salt, OWN_RESCORING, done))

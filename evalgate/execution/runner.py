@@ -24,7 +24,7 @@ from ..errors import ConfigError, EngineError, EvalgateError
 from ..fingerprint import build_fingerprint
 from ..probes import Wave, WaveContext, get_probe
 from ..records import Completion
-from ..store import Store
+from ..store import STORE_EVERY, Store
 from ..timings import Timings
 from .replay import Salts
 from .request import Progress, RunRequest
@@ -291,19 +291,27 @@ class Recording:
             probe = get_probe(pass_.probe) if pass_.probe else None
             before = probe.before(self.engine) if probe else None
             traffic = traffic_for(pass_, self.plan.schedule, trace)
-            outputs: list[Completion] = []
-            wave_seconds: list[float] = []
+            stored = StoredPass(pass_)
+            waiting: list[Completion] = []  # outputs not stored yet
+            proved: list[Completion] = []  # a probe's proof reads its pass's outputs
             with traffic.during(self.engine, pass_):
                 for index, wave in enumerate(pass_waves(pass_, keys, self.wave_context())):
                     recorded, seconds = self.submit(pass_, index, wave, traffic)
-                    outputs += recorded
-                    wave_seconds.append(seconds)
-            if pass_.index == 0:
-                self.first_pass = {c.key: c for c in outputs}
-            proof, unproven = probe.proof(self.engine, before, outputs) if probe else ({}, None)
+                    stored.add(recorded, seconds)
+                    waiting += recorded
+                    if probe:
+                        proved += recorded
+                    if pass_.index == 0:
+                        self.first_pass.update((c.key, c) for c in recorded)
+                    if len(waiting) >= STORE_EVERY:
+                        self.store_outputs(waiting)
+                        waiting = []
+            self.store_outputs(waiting)
+            proof, unproven = probe.proof(self.engine, before, proved) if probe else ({}, None)
             if unproven:
                 self.dropped.append((pass_, unproven))
-            self.store_pass(pass_, outputs, wave_seconds, {**proof, **_load_record(traffic.pass_stats())})
+            self.timings.setdefault("passes", []).append(
+                stored.figures({**proof, **_load_record(traffic.pass_stats())}))
         self.rescore_once()
         return self.dropped
 
@@ -345,15 +353,10 @@ class Recording:
                           self.pass_total)
         return recorded, seconds
 
-    def store_pass(self, pass_: Pass, outputs: list[Completion], wave_seconds: list[float], extra: dict) -> None:
-        """The pass's outputs, and its throughput figures (read by `evalgate cost` and benchmarks/); a wave's
-        time is the latency of each of its requests, since a wave is submitted and returns together."""
-        self.timings.setdefault("passes", []).append({
-            "index": pass_.index, "concurrency": pass_.concurrency, "cache": pass_.cache, "probe": pass_.probe,
-            "requests": len(outputs), "output_tokens": sum(len(c.output_ids) for c in outputs),
-            "seconds": sum(wave_seconds), "wave_seconds": wave_seconds, **extra})
-        with self.timings.phase("evalgate"):
-            self.store.add_outputs(self.run_id, outputs)
+    def store_outputs(self, outputs: list[Completion]) -> None:
+        if outputs:
+            with self.timings.phase("evalgate"):
+                self.store.add_outputs(self.run_id, outputs)
 
     def rescore_once(self) -> None:
         """The run's rescorings, once, on the suite's own engine (before a probe's replaces it)."""
@@ -367,6 +370,28 @@ class Recording:
                                                               self.plan.salt, self.first_pass))
         except EngineError as exc:  # the run stands; judging it across hardware then lacks the envelope
             self.dropped.append((None, f"the engine could not score the tokens: {exc.message}"))
+
+
+@dataclass
+class StoredPass:
+    """A pass's throughput figures, counted as its waves return (read by `evalgate cost` and benchmarks/); a
+    wave's time is the latency of each of its requests, since a wave is submitted and returns together."""
+
+    pass_: Pass
+    requests: int = 0
+    output_tokens: int = 0
+    wave_seconds: list[float] = field(default_factory=list)
+
+    def add(self, recorded: list[Completion], seconds: float) -> None:
+        self.requests += len(recorded)
+        self.output_tokens += sum(len(c.output_ids) for c in recorded)
+        self.wave_seconds.append(seconds)
+
+    def figures(self, extra: dict) -> dict:
+        p = self.pass_
+        return {"index": p.index, "concurrency": p.concurrency, "cache": p.cache, "probe": p.probe,
+                "requests": self.requests, "output_tokens": self.output_tokens, "seconds": sum(self.wave_seconds),
+                "wave_seconds": self.wave_seconds, **extra}
 
 
 def _load_record(stats: dict | None) -> dict:

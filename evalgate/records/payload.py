@@ -54,12 +54,20 @@ class EncodedPass:
     seen: dict[str, tuple] = field(repr=False, default_factory=dict)
 
 
-def signature(c: Completion) -> tuple:
-    """Everything an output's payload and digest are made of, as a value: equal signatures, equal payloads."""
+def signature(c: Completion) -> bytes:
+    """A digest of everything an output's payload and digest are made of: equal signatures, equal payloads.
+    A digest (32 bytes), not the arrays themselves: a run keeps one per request until it ends (`seen`)."""
     ids, logprobs, top_ids, top_logprobs, lengths = c.output_ids, c.logprobs, c.top_ids, c.top_logprobs, c.top_lengths
-    return (ids.dtype, logprobs.dtype, top_ids.dtype, top_logprobs.dtype, top_ids.shape, ids.tobytes(),
-            logprobs.tobytes(), top_ids.tobytes(), top_logprobs.tobytes(), None if lengths is None else lengths.tobytes(),
-            c.token_texts, c.text)
+    h = hashlib.blake2b(digest_size=32)
+    h.update(repr((str(ids.dtype), str(logprobs.dtype), str(top_ids.dtype), str(top_logprobs.dtype), top_ids.shape,
+                   ids.size, logprobs.size, top_ids.size, top_logprobs.size, None if lengths is None else lengths.size,
+                   [len(t) for t in c.token_texts], len(c.text))).encode())
+    for part in (ids, logprobs, top_ids, top_logprobs, lengths):
+        if part is not None:
+            h.update(part.tobytes())
+    h.update("\0".join(c.token_texts).encode("utf-8", "surrogatepass"))
+    h.update(c.text.encode("utf-8", "surrogatepass"))
+    return h.digest()
 
 
 def encode_pass(completions: list[Completion], previous: EncodedPass | None = None) -> EncodedPass:

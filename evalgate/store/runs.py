@@ -26,6 +26,11 @@ REQUEST_COLUMNS = ("run_id", "key", "request_hash", "prompt", "prompt_ids", "sam
                    "rendered")
 
 
+# The most outputs a run's writer holds before it hands them to `add_outputs`: a pass (and a rescoring) is
+# stored as it runs, never held whole (a leaderboard-sized suite's pass would not fit in memory).
+STORE_EVERY = 1024
+
+
 class RunStore(StoreBase):
     # run id -> its last stored pass, encoded: the run being written compares its next pass with it
     _last_pass: dict[int, EncodedPass] = {}

@@ -108,3 +108,31 @@ def test_off_a_terminal_each_pass_says_its_progress_in_plain_lines(cli, tmp_path
     assert len(labels) == 3 and all(label.startswith(f"pass {i}: ") for i, label in enumerate(labels))
     assert all(any(f"{label}: 8/8 requests" in line for line in lines) for label in labels)
     assert lines[-1].endswith(f"run {8 * len(labels)}/{8 * len(labels)}")
+
+
+def test_a_pass_is_stored_as_it_runs_in_bounded_chunks_and_judged_as_if_whole(inline_cli, tmp_path, fake_model,
+                                                                               monkeypatch):
+    """No pass (nor the rescoring) is held whole: its outputs go to the store every STORE_EVERY; the run stores
+    every output once and is judged as a pass stored at once is (the same payloads, deduplicated across chunks
+    and passes)."""
+    from evalgate.execution import rescore, runner
+    from evalgate.store.runs import RunStore
+
+    sizes, add_outputs = [], RunStore.add_outputs
+    monkeypatch.setattr(RunStore, "add_outputs", lambda self, run_id, outputs: (sizes.append(len(outputs)),
+                                                                                add_outputs(self, run_id, outputs))[1])
+    whole = write_suite(tmp_path / "whole", fake_model, GREEN_PROMPTS[:8], concurrency=(1, 8), shuffles=1, kind="fake")
+    inline_cli("baseline", "create", whole, "--json-report", tmp_path / "whole.json", check=0)
+    assert max(sizes) == 8  # at the default, a pass of 8 is one write
+    sizes.clear()
+    monkeypatch.setattr(runner, "STORE_EVERY", 3)
+    monkeypatch.setattr(rescore, "STORE_EVERY", 3)
+    chunked = write_suite(tmp_path / "chunked", fake_model, GREEN_PROMPTS[:8], concurrency=(1, 8), shuffles=1,
+                          kind="fake")
+    inline_cli("baseline", "create", chunked, "--json-report", tmp_path / "chunked.json", check=0)
+    # the concurrency-1 passes (cold, hot): chunks of 3; a wave of 8 is one; then the rescoring, 3 at a time
+    assert sizes[:6] == [3, 3, 2, 3, 3, 2] and set(sizes[6:-3]) == {8} and sizes[-3:] == [3, 3, 2]
+    counts = read_json(tmp_path / "chunked.json")["counts"]
+    assert counts == read_json(tmp_path / "whole.json")["counts"] and counts["stable"] == 8
+    stored = db_query(database_url(chunked), "select count(*), count(distinct payload_hash) from outputs")[0]
+    assert stored == db_query(database_url(whole), "select count(*), count(distinct payload_hash) from outputs")[0]
