@@ -1,0 +1,98 @@
+"""A leaderboard-sized suite on the fake engine: evalgate's own cost as the suite grows (issue: 250k requests,
+memory flat in suite size). For each size, `evalgate baseline create` of a suite of that many plain prompts
+(the default schedule: concurrency 1 and 8, one shuffle, the hot pass, then the rescoring; 32 tokens each) in
+a fresh workspace, as a user runs it. Prints its wall time, the peak RSS of its largest process (the CLI, or
+the engine child that runs the passes: sampled every 0.2 s with psutil), and the database's size, then the
+ratio of the largest size to 10k. Measured figures; not a test.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/suite_scale.py [--sizes 1000,10000,50000,250000] [--json]
+
+`PYTHONPATH=<another checkout>` measures that evalgate instead (the benchmark is this tree's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+SUITE = """[suite]
+name = "scale"
+database = "sqlite:///scale.sqlite"
+[engine]
+kind = "fake"
+model = "model"
+[sampling]
+max_tokens = 32
+[prompts]
+file = "prompts.jsonl"
+[schedule]
+concurrency = [1, 8]
+shuffles = 1
+"""
+
+
+def workspace(root: Path, size: int) -> Path:
+    (root / "model").mkdir(parents=True)
+    (root / "model" / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 256}))
+    (root / "model" / "model.safetensors").write_bytes(os.urandom(4096))
+    with (root / "prompts.jsonl").open("w") as f:
+        for i in range(size):
+            f.write(json.dumps({"id": f"q{i:06d}", "prompt": f"Question {i}: what follows {i * 7 % 1000}?"}) + "\n")
+    (root / "evalgate.toml").write_text(SUITE)
+    return root / "evalgate.toml"
+
+
+def measure(size: int) -> dict:
+    root = Path(tempfile.mkdtemp(prefix=f"evalgate-scale-{size}-"))
+    suite = workspace(root, size)
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "evalgate", "baseline", "create", str(suite)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    top, peak = psutil.Process(proc.pid), 0
+    while proc.poll() is None:
+        try:
+            for p in [top, *top.children(recursive=True)]:
+                try:
+                    peak = max(peak, p.memory_info().rss)
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            pass
+        time.sleep(0.2)
+    seconds = time.perf_counter() - started
+    err = proc.stderr.read()
+    if proc.returncode != 0:
+        raise SystemExit(f"size {size}: exit {proc.returncode}\n{err[-2000:]}")
+    database = sum(f.stat().st_size for f in root.glob("scale.sqlite*"))
+    return {"requests": size, "seconds": seconds, "peak_rss_mb": peak / 2**20, "database_mb": database / 2**20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="1000,10000,50000,250000")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = [measure(int(size)) for size in args.sizes.split(",")]
+    if args.json:
+        print(json.dumps(rows))
+        return
+    print(f"{'requests':>9} {'time s':>8} {'peak RSS MB':>12} {'database MB':>12}")
+    for r in rows:
+        print(f"{r['requests']:>9,} {r['seconds']:>8.1f} {r['peak_rss_mb']:>12.0f} {r['database_mb']:>12.1f}")
+    base = next((r for r in rows if r["requests"] == 10_000), None)
+    if base and rows[-1] is not base:
+        last = rows[-1]
+        print(f"{last['requests']:,} / 10,000: peak RSS {last['peak_rss_mb'] / base['peak_rss_mb']:.2f}x, "
+              f"time {last['seconds'] / base['seconds']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
