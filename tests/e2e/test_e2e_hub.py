@@ -163,13 +163,13 @@ def test_fetch_reads_the_whole_suite_as_every_command_does_and_writes_no_lock_fo
     project = tmp_path / "project"
     hub.model("acme/not-a-model").commit({"README.md": b"no config.json here"})
     suite = write_suite(project, "acme/not-a-model", ["hello"], kind="fake")
-    refused = hub_cli(cli, hub, project)("fetch", suite, "--no-progress", check=2)
-    assert "`engine.model`" in refused.stderr and "no config.json" in refused.stderr
+    refused = " ".join(hub_cli(cli, hub, project)("fetch", suite, "--no-progress", check=2).stderr.split())
+    assert "`engine.model`" in refused and "no config.json" in refused  # (a long path wraps the message)
     hub.model(REPO).commit(directory_files(bare_model(tmp_path / "weights", seed=1)))
     suite = write_suite(project, REPO, ["hello"], kind="fake")
     suite.write_text(suite.read_text().replace("[sampling]", "[sampling]\ntemprature = 0.5", 1))
     typo = hub_cli(cli, hub, project)("fetch", suite, "--no-progress", check=2)
-    assert "temprature" in typo.stderr
+    assert "temprature" in " ".join(typo.stderr.split())
     assert not (project / "evalgate.lock").exists()
 
 
