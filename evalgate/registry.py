@@ -37,8 +37,9 @@ class Registry:
     def names(self) -> tuple[str, ...]:
         return tuple(self.targets())
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.builtin or name in self.targets()
+    def __contains__(self, name: str | None) -> bool:
+        # no name (a pass of no probe) is nothing, without scanning every installed distribution's entry points
+        return bool(name) and (name in self.builtin or name in self.targets())
 
     def unknown(self, name: str) -> str:
         """The one message for a name nothing is registered as: the closest name, and every name."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..engines import Engine
 from ..records import Completion, unpack_ids
-from ..store import BASELINE_RESCORING, OWN_RESCORING, STORE_EVERY, Store
+from ..store import BASELINE_RESCORING, OWN_RESCORING, OutputWriter, Store
 
 
 @dataclass(frozen=True)
@@ -80,18 +80,14 @@ def score(engine: Engine, tokens: Tokens, salt: str | None, pass_index: int,
 
 
 def store_scored(run: RecordedRun, scored: Iterable[Completion], keep: dict[str, Completion] | None = None) -> None:
-    """Rescorings into the run's store as they come, STORE_EVERY at a time (never a whole run's held);
-    `keep`: also kept by key (the baseline's tokens rescored here, which this run's own may reuse)."""
-    waiting: list[Completion] = []
+    """Rescorings into the run's store as they come (`OutputWriter`: never a whole run's held); `keep`: also
+    kept by key (the baseline's tokens rescored here, which this run's own may reuse)."""
+    writer = OutputWriter(run.store, run.run_id)
     for completion in scored:
-        waiting.append(completion)
+        writer.add([completion])
         if keep is not None:
             keep[completion.key] = completion
-        if len(waiting) >= STORE_EVERY:
-            run.store.add_outputs(run.run_id, waiting)
-            waiting = []
-    if waiting:
-        run.store.add_outputs(run.run_id, waiting)
+    writer.flush()
 
 
 def rescoring_prompt(key: str, prompt_ids: list[int], output_ids: list[int]) -> Prompt:

@@ -24,7 +24,7 @@ from ..errors import ConfigError, EngineError, EvalgateError
 from ..fingerprint import build_fingerprint
 from ..probes import Wave, WaveContext, get_probe
 from ..records import Completion
-from ..store import STORE_EVERY, Store
+from ..store import OutputWriter, Store
 from ..timings import Timings
 from .replay import Salts
 from .request import Progress, RunRequest
@@ -291,22 +291,20 @@ class Recording:
             probe = get_probe(pass_.probe) if pass_.probe else None
             before = probe.before(self.engine) if probe else None
             traffic = traffic_for(pass_, self.plan.schedule, trace)
-            stored = StoredPass(pass_)
-            waiting: list[Completion] = []  # outputs not stored yet
+            stored, writer = StoredPass(pass_), OutputWriter(self.store, self.run_id)
             proved: list[Completion] = []  # a probe's proof reads its pass's outputs
             with traffic.during(self.engine, pass_):
                 for index, wave in enumerate(pass_waves(pass_, keys, self.wave_context())):
                     recorded, seconds = self.submit(pass_, index, wave, traffic)
                     stored.add(recorded, seconds)
-                    waiting += recorded
                     if probe:
                         proved += recorded
                     if pass_.index == 0:
                         self.first_pass.update((c.key, c) for c in recorded)
-                    if len(waiting) >= STORE_EVERY:
-                        self.store_outputs(waiting)
-                        waiting = []
-            self.store_outputs(waiting)
+                    with self.timings.phase("evalgate"):
+                        writer.add(recorded)
+            with self.timings.phase("evalgate"):
+                writer.flush()
             proof, unproven = probe.proof(self.engine, before, proved) if probe else ({}, None)
             if unproven:
                 self.dropped.append((pass_, unproven))
@@ -352,11 +350,6 @@ class Recording:
             self.progress(min(self.done, self.total), self.total, pass_.label, min(self.pass_done, self.pass_total),
                           self.pass_total)
         return recorded, seconds
-
-    def store_outputs(self, outputs: list[Completion]) -> None:
-        if outputs:
-            with self.timings.phase("evalgate"):
-                self.store.add_outputs(self.run_id, outputs)
 
     def rescore_once(self) -> None:
         """The run's rescorings, once, on the suite's own engine (before a probe's replaces it)."""

@@ -67,7 +67,7 @@ def is_batch_factor(factor: str | None) -> bool:
 def comparison_label(reference: Pass, other: Pass) -> str:
     """`batch size 1→8`: what changed from the reference pass to this one, for people."""
     # a run recorded with a probe no longer installed is labelled by its factor
-    probe = get_probe(other.probe) if other.probe and other.probe in PROBES else None
+    probe = get_probe(other.probe) if other.probe in PROBES else None
     if probe is not None:
         return probe.label(reference, other)
     if other.factor == "batch_size":

@@ -8,7 +8,7 @@ from __future__ import annotations
 from importlib import import_module
 
 _WHERE = {"BASELINE_RESCORING": "loaded", "OWN_RESCORING": "loaded", "RunRecord": "loaded", "Run": "models",
-          "STORE_EVERY": "runs",
+          "OutputWriter": "runs",
           "display_status": "listing", "Store": "store", "existing_store": "store", "open_store": "store"}
 
 __all__ = sorted(_WHERE)

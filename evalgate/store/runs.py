@@ -26,9 +26,27 @@ REQUEST_COLUMNS = ("run_id", "key", "request_hash", "prompt", "prompt_ids", "sam
                    "rendered")
 
 
-# The most outputs a run's writer holds before it hands them to `add_outputs`: a pass (and a rescoring) is
+# The most outputs an `OutputWriter` holds before it hands them to `add_outputs`: a pass (and a rescoring) is
 # stored as it runs, never held whole (a leaderboard-sized suite's pass would not fit in memory).
 STORE_EVERY = 1024
+
+
+class OutputWriter:
+    """A run's outputs into the store as they come, STORE_EVERY at a time; `flush` stores the rest."""
+
+    def __init__(self, store: RunStore, run_id: int):
+        self.store, self.run_id = store, run_id
+        self.waiting: list[Completion] = []
+
+    def add(self, outputs: list[Completion]) -> None:
+        self.waiting += outputs
+        if len(self.waiting) >= STORE_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.waiting:
+            self.store.add_outputs(self.run_id, self.waiting)
+            self.waiting = []
 
 
 class RunStore(StoreBase):

@@ -115,7 +115,7 @@ def test_a_pass_is_stored_as_it_runs_in_bounded_chunks_and_judged_as_if_whole(in
     """No pass (nor the rescoring) is held whole: its outputs go to the store every STORE_EVERY; the run stores
     every output once and is judged as a pass stored at once is (the same payloads, deduplicated across chunks
     and passes)."""
-    from evalgate.execution import rescore, runner
+    from evalgate.store import runs
     from evalgate.store.runs import RunStore
 
     sizes, add_outputs = [], RunStore.add_outputs
@@ -125,8 +125,7 @@ def test_a_pass_is_stored_as_it_runs_in_bounded_chunks_and_judged_as_if_whole(in
     inline_cli("baseline", "create", whole, "--json-report", tmp_path / "whole.json", check=0)
     assert max(sizes) == 8  # at the default, a pass of 8 is one write
     sizes.clear()
-    monkeypatch.setattr(runner, "STORE_EVERY", 3)
-    monkeypatch.setattr(rescore, "STORE_EVERY", 3)
+    monkeypatch.setattr(runs, "STORE_EVERY", 3)
     chunked = write_suite(tmp_path / "chunked", fake_model, GREEN_PROMPTS[:8], concurrency=(1, 8), shuffles=1,
                           kind="fake")
     inline_cli("baseline", "create", chunked, "--json-report", tmp_path / "chunked.json", check=0)
