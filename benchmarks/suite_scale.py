@@ -1,9 +1,9 @@
 """A leaderboard-sized suite on the fake engine: evalgate's own cost as the suite grows (issue: 250k requests,
 memory flat in suite size). For each size, `evalgate baseline create` of a suite of that many plain prompts
 (the default schedule: concurrency 1 and 8, one shuffle, the hot pass, then the rescoring; 32 tokens each) in
-a fresh workspace, as a user runs it. Prints its wall time, the peak RSS of its largest process (the CLI, or
-the engine child that runs the passes: sampled every 0.2 s with psutil), and the database's size, then the
-ratio of the largest size to 10k. Measured figures; not a test.
+a fresh workspace, as a user runs it. Prints its wall time, the peak RSS of its largest process and of each
+(the CLI, which judges; the engine child, which runs the passes: sampled every 0.2 s with psutil), and the
+database's size, then the ratio of the largest size to 10k. Measured figures; not a test.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/suite_scale.py [--sizes 1000,10000,50000,250000] [--json]
 
@@ -56,12 +56,12 @@ def measure(size: int) -> dict:
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "evalgate", "baseline", "create", str(suite)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    top, peak = psutil.Process(proc.pid), 0
+    top, peaks = psutil.Process(proc.pid), {"cli": 0, "engine": 0}
     while proc.poll() is None:
         try:
-            for p in [top, *top.children(recursive=True)]:
+            for role, p in [("cli", top), *(("engine", child) for child in top.children(recursive=True))]:
                 try:
-                    peak = max(peak, p.memory_info().rss)
+                    peaks[role] = max(peaks[role], p.memory_info().rss)
                 except psutil.Error:
                     pass
         except psutil.Error:
@@ -72,7 +72,8 @@ def measure(size: int) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"size {size}: exit {proc.returncode}\n{err[-2000:]}")
     database = sum(f.stat().st_size for f in root.glob("scale.sqlite*"))
-    return {"requests": size, "seconds": seconds, "peak_rss_mb": peak / 2**20, "database_mb": database / 2**20}
+    return {"requests": size, "seconds": seconds, "peak_rss_mb": max(peaks.values()) / 2**20,
+            "cli_rss_mb": peaks["cli"] / 2**20, "engine_rss_mb": peaks["engine"] / 2**20, "database_mb": database / 2**20}
 
 
 def main() -> None:
@@ -84,9 +85,10 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows))
         return
-    print(f"{'requests':>9} {'time s':>8} {'peak RSS MB':>12} {'database MB':>12}")
+    print(f"{'requests':>9} {'time s':>8} {'peak RSS MB':>12} {'CLI MB':>7} {'engine MB':>10} {'database MB':>12}")
     for r in rows:
-        print(f"{r['requests']:>9,} {r['seconds']:>8.1f} {r['peak_rss_mb']:>12.0f} {r['database_mb']:>12.1f}")
+        print(f"{r['requests']:>9,} {r['seconds']:>8.1f} {r['peak_rss_mb']:>12.0f} {r['cli_rss_mb']:>7.0f} "
+              f"{r['engine_rss_mb']:>10.0f} {r['database_mb']:>12.1f}")
     base = next((r for r in rows if r["requests"] == 10_000), None)
     if base and rows[-1] is not base:
         last = rows[-1]

@@ -587,7 +587,8 @@ def _measure(suite: Suite, candidate: Candidate, index: int, count: int, schedul
         listener.candidate_progress(index, count, candidate, done, total, label, eta)
 
     try:
-        request = RunRequest(candidate_suite(suite, candidate), url, RUN_KIND, schedule, env=candidate.env or None)
+        request = RunRequest(candidate_suite(suite, candidate), url, RUN_KIND, schedule, env=candidate.env or None,
+                             wave_timings=True)
         result = execute_in_worker(request, progress)
     except EvalgateError as exc:  # the engine failed to start or died: this candidate failed, not the command
         reason = exc.message + (f" (fix: {exc.fix})" if exc.fix else "")

@@ -16,6 +16,7 @@ from .configuration.template_date import dated
 from .errors import ConfigError, EngineError
 from .execution.request import Progress, RunRequest
 from .execution.rescore import Rescore
+from .execution.resume import run_to_resume
 from .execution.worker import execute_in_worker
 from .fingerprint import component
 from .fingerprint import delta as fingerprint_delta
@@ -46,17 +47,22 @@ def execute_and_judge(request: RunRequest, judging: Judging, baseline_run_id: in
 def create_baseline(suite: Suite, store: Store | str | None = None, *, schedule: Schedule | None = None,
                     allow_variance: bool = False, progress: Progress | None = None,
                     timings: Timings | None = None, shard: Shard | None = None, group: str | None = None,
-                    show_engine_output: bool = False) -> Report:
+                    show_engine_output: bool = False, resume: bool | int = False) -> Report:
     """Run the suite and make it the baseline of this suite on this hardware class, unless its passes
     disagree (batch variance): a baseline must be reproducible. `allow_variance` promotes it anyway,
     with the first pass of each request as the reference. `store`: a Store or URL (default: the suite's).
-    With `shard`, only that shard runs and nothing is promoted until `merge` joins the group's shards."""
+    With `shard`, only that shard runs and nothing is promoted until `merge` joins the group's shards.
+    `resume`: continue the newest unfinished run of this suite, shard and group (True) or that run (its id),
+    keeping what it stored (execution/resume.py); with nothing to resume, a new run."""
     url = suite_database(suite, store)
-    existing_store(url)
-    suite = dated(suite)  # the calendar a chat template reads: today's, unless the suite names a date
+    found = existing_store(url)
+    group = _group(shard, group)
+    resumed = _resumed(found, suite, "baseline", shard, group, resume)
+    # the calendar a chat template reads: today's unless the suite names a date (a resumed run's: its own)
+    suite = dated(suite, found.fingerprint_of(resumed).template_date if resumed else None)
     request = RunRequest(suite, url, "baseline", schedule or suite.schedule, shard=shard,
-                         labels={"shard_group": _group(shard, group)}, show_engine_output=show_engine_output,
-                         rescore=Rescore(own=True))  # a baseline rescores its own tokens: what lets it judge another class
+                         labels={"shard_group": group}, show_engine_output=show_engine_output,
+                         rescore=Rescore(own=True), resume=resumed)  # a baseline rescores its own tokens: what lets it judge another class
     judging = Judging("baseline", allow_variance=allow_variance, shard=shard)
     return execute_and_judge(request, judging, progress=progress, timings=timings)
 
@@ -68,24 +74,40 @@ def _group(shard: Shard | None, group: str | None) -> str | None:
     return group
 
 
+def _resumed(store: Store | None, suite: Suite, kind: str, shard: Shard | None, group: str | None,
+             resume: bool | int) -> int | None:
+    """The run a resume continues (None: a new run). A run id is an int (`True` is the newest unfinished)."""
+    if resume is False or resume is None:
+        return None
+    if store is None:
+        if resume is True:
+            return None
+        raise ConfigError(f"run {resume} does not exist: the database {suite.database} has not been created",
+                          fix="see `evalgate runs list`, or run without --resume-run")
+    return run_to_resume(store, suite.name, kind, shard=shard, group=group,
+                         run_id=None if resume is True else int(resume))
+
+
 def check(suite: Suite, store: Store | str | None = None, *, schedule: Schedule | None = None,
           strict: bool = False, progress: Progress | None = None, timings: Timings | None = None,
           shard: Shard | None = None, group: str | None = None, show_engine_output: bool = False,
-          against: str | int | None = None, adopt: bool = False) -> Report:
+          against: str | int | None = None, adopt: bool = False, resume: bool | int = False) -> Report:
     """Run the suite and judge it against the baseline (exit 4 before any inference if there is none).
     With `shard`, only that shard's requests run and are judged; `merge` gives the whole verdict.
 
     No baseline on this hardware class: judged against the nearest other class's (`against` names one),
     every difference classified (judgement/hardware.py); the check then also rescores the baseline's tokens
     and its own. `adopt`: such a check with no confident flip becomes this class's baseline (recorded on its
-    report, which is returned as stored)."""
+    report, which is returned as stored). `resume`: as `create_baseline`'s."""
     url = suite_database(suite, store)
     found = existing_store(url)
     choice = find_baseline(suite, found, url, against)
     suite = dated(suite, found.fingerprint_of(choice.run_id).template_date)  # the baseline's calendar
+    group = _group(shard, group)
     request = RunRequest(suite, url, "check", schedule or suite.schedule, shard=shard,
-                         labels={"shard_group": _group(shard, group)}, show_engine_output=show_engine_output,
-                         rescore=Rescore(own=True, of_run=choice.run_id) if choice.cross else None)
+                         labels={"shard_group": group}, show_engine_output=show_engine_output,
+                         rescore=Rescore(own=True, of_run=choice.run_id) if choice.cross else None,
+                         resume=_resumed(found, suite, "check", shard, group, resume))
     report = execute_and_judge(request, Judging("check", strict=strict, shard=shard), choice.run_id,
                                progress=progress, timings=timings)
     if adopt and report.hardware is not None and shard is None and report.hardware.adoptable and not report.failing:

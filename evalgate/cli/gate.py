@@ -38,6 +38,10 @@ class RunOptions:
     merge: bool = typer.Option(False, "--merge", help="Merge the complete shard runs of --group into one run and judge it")
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="Override \\[gate] fail_on: bits (any difference fails) or "
                                                                   "tokens (logprob-bit drift is reported, token flips fail)")
+    resume: bool = typer.Option(False, "--resume", help="Continue the newest unfinished run of this suite (and --shard, "
+                                "--group) where its process died, keeping its stored waves; none: start a new run")
+    resume_run: Optional[int] = typer.Option(None, "--resume-run", metavar="RUN_ID",
+                                             help="Continue this unfinished run (see `evalgate runs list`)")
     verbose: bool = VerboseOpt
 
 
@@ -102,6 +106,7 @@ def _run(kind: str, suite_file, options: RunOptions, **kwargs):
     db, concurrency, shuffles, repeats = options.db, options.concurrency, options.shuffles, options.repeats
     json_report, junit, shard, group = options.json_report, options.junit, options.shard, options.group
     merge, verbose, fail_on = options.merge, options.verbose, options.fail_on
+    resume = options.resume_run if options.resume_run is not None else options.resume
     started, timestamp = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="seconds")
     suite = load_suite(find_suite(suite_file), database=db)
     show_notes(suite)
@@ -110,6 +115,8 @@ def _run(kind: str, suite_file, options: RunOptions, **kwargs):
     schedule = with_overrides(suite.schedule, parse_levels(concurrency), shuffles, repeats, where=str(suite.path))
     if merge and (shard or not group):
         raise typer.BadParameter("--merge needs --group and no --shard", param_hint="--merge")
+    if merge and resume:
+        raise typer.BadParameter("a merge runs nothing to resume: resume the shard that failed", param_hint="--resume")
     try:
         progress, update = progress_bar()
         with progress:
@@ -121,14 +128,17 @@ def _run(kind: str, suite_file, options: RunOptions, **kwargs):
             elif kind == "baseline":
                 report = gate.create_baseline(suite, schedule=schedule, progress=update,
                                               shard=parse_shard(shard) if shard else None, group=group,
-                                              show_engine_output=verbose, **kwargs)
+                                              show_engine_output=verbose, resume=resume, **kwargs)
             else:
                 report = gate.check(suite, schedule=schedule, progress=update,
                                     shard=parse_shard(shard) if shard else None, group=group,
-                                    show_engine_output=verbose, **kwargs)
+                                    show_engine_output=verbose, resume=resume, **kwargs)
     except BaseException as exc:
         if _is_infra(exc):
             _infra_outputs(exc, kind, suite.name, junit, started, timestamp)
+            if not merge:
+                err_console.print("the run keeps the waves it stored: the same command with --resume continues it "
+                                  "(docs/usage.md \"Resuming a run\")")
         raise
     render_report(console, report)
     if json_report:

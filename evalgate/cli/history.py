@@ -88,17 +88,16 @@ def runs_show(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = Su
     from ..store import display_status
 
     store = open_store_for(db, suite)
-    record = store.load(run_id)
+    run, fingerprint = store.get_run(run_id), store.fingerprint_of(run_id)
+    requests, outputs = store.run_size(run_id)  # counted: a leaderboard-sized run is never loaded to be shown
     report = stored_report(store, run_id)
-    run = record.run
     info = {
         "run": run.id, "suite": run.suite_name, "suite_path": run.suite_path, "kind": run.kind, "status": display_status(run),
         "verdict": run.verdict, "exit_code": run.exit_code, "baseline_run_id": run.baseline_run_id,
         "started_at": _when(run.started_at), "finished_at": _when(run.finished_at), "error": run.error,
         "summary": run.summary, "owner": run.owner, "engine_log": run.engine_log, "schedule": run.schedule,
-        "fingerprint": {name: comp["hash"][:16] for name, comp in record.fingerprint.items()},
-        "engine": record.fingerprint.engine or None,
-        "requests": len(record.requests), "outputs": sum(len(v) for v in record.outputs.values()),
+        "fingerprint": {name: comp["hash"][:16] for name, comp in fingerprint.items()},
+        "engine": fingerprint.engine or None, "requests": requests, "outputs": outputs,
         "scores": [{"task": sc.task, "metric": sc.metric, "value": sc.value, "stderr": sc.stderr}
                    for sc in store.load_scores(run_id)[0]],
         # the stored report holds the verdicts of the requests that differ; a run never judged has only its rows
@@ -112,7 +111,9 @@ def runs_show(run_id: int, db: Optional[str] = DbOpt, suite: Optional[Path] = Su
         if key in ("verdicts", "schedule", "engine", "scores", "report"):
             continue
         console.print(f"[bold]{key}[/]: {value}")
-    console.print(f"[bold]schedule[/]: {json.dumps({k: v for k, v in run.schedule.items() if k != 'passes'})}")
+    console.print(f"[bold]schedule[/]: {json.dumps({k: v for k, v in run.schedule.items() if k not in ('passes', 'timings')})}")
+    timings = {k: v for k, v in (run.schedule.get("timings") or {}).items() if k != "passes"}  # --json has them whole
+    console.print(f"[bold]timings[/]: {json.dumps(timings)}")
     console.print(f"[bold]engine[/]: {json.dumps(info['engine'])}")
     for sc in info["scores"]:  # lm-eval metrics of the run's first pass
         console.print(f"  [bold]{sc['task']}[/] {sc['metric']} = {sc['value']}" + (f" ± {sc['stderr']:.3g}" if sc["stderr"] else ""))

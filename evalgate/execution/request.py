@@ -33,7 +33,10 @@ class RunRequest:
     `labels`: stored on the run row (`shard_group`, `owner`, `engine_log`). `keys`: only these requests
     (bisect trials). `env`: variables set in the engine's process only (None unsets one), before the engine
     is imported. `show_engine_output`: the engine's log lines on this terminal instead of a log file.
-    `rescore`: the rescorings the run records (execution/rescore.py)."""
+    `rescore`: the rescorings the run records (execution/rescore.py). `resume`: the id of the unfinished run
+    this one continues (execution/resume.py), its stored waves kept. `wave_timings`: each wave's seconds
+    recorded with its pass (`evalgate cost` prices latency from them; a leaderboard-sized run has hundreds of
+    thousands, which every read of its row would parse)."""
 
     suite: Suite
     url: str
@@ -45,6 +48,8 @@ class RunRequest:
     env: Mapping[str, str | None] | None = None
     show_engine_output: bool = False
     rescore: Rescore | None = None
+    resume: int | None = None
+    wave_timings: bool = False
 
     @property
     def cold_waves(self) -> bool:

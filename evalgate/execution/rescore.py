@@ -9,13 +9,13 @@ close this machine comes to choosing the baseline's token where it chose another
 
 A rescoring is stored with the run it belongs to, as outputs of a pass that is no pass of the schedule
 (store/loaded.py `OWN_RESCORING`, `BASELINE_RESCORING`: negative pass indexes): nothing that judges a run's
-passes reads it; `Store.load(run_id, rescoring=...)` reads one. A merged run carries its shards' rescorings.
+passes reads it; `Store.load(run_id, only_pass=...)` reads one. A merged run carries its shards' rescorings.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..engines import Engine
@@ -56,16 +56,20 @@ def tokens_of_run(store: Store, run_id: int, keys: set[str]) -> Tokens:
 
 
 def score(engine: Engine, tokens: Tokens, salt: str | None, pass_index: int,
-          done: Mapping[str, Completion] | None = None) -> Iterator[Completion]:
+          done: Mapping[str, Completion] | None = None, stored: Collection[str] = ()) -> Iterator[Completion]:
     """Each request's tokens scored after its prompt, alone and cold (its own cache salt), as they come.
     `done`: rescorings of the same prompt and tokens already made on this engine, reused as they are (a
-    prefill is a function of its tokens)."""
+    prefill is a function of its tokens). `stored`: requests whose rescoring is stored already (a resumed
+    run), skipped in their place."""
     adapters = {p.key: p.adapter for p in engine.suite.prompts if p.adapter}
     limit = engine.max_model_len - 1  # the prefill asks for one token more
     wave = 0
     for key, (prompt_ids, output_ids) in tokens:
         output_ids = output_ids[: max(0, limit - len(prompt_ids))]
         known = (done or {}).get(key)
+        if key in stored:  # stored by the process this run continues: its wave is counted all the same
+            wave += 1
+            continue
         if known is not None and list(known.prompt_ids) == prompt_ids + output_ids:
             scored = known
         elif output_ids:
@@ -99,13 +103,15 @@ def rescoring_prompt(key: str, prompt_ids: list[int], output_ids: list[int]) -> 
 @dataclass(frozen=True)
 class RecordedRun:
     """The run a rescoring belongs to, as the runner has it: where it is stored, its requests' prompt ids
-    (key -> ids), its cache salt and its first pass's outputs (the tokens it rescores of its own)."""
+    (key -> ids), its cache salt, its first pass's outputs (the tokens it rescores of its own) and, a resumed
+    run, the requests each rescoring stored already (pass index -> keys)."""
 
     store: Store
     run_id: int
     prompt_ids: dict[str, list[int]]
     salt: str | None
-    first_pass: dict[str, Completion]
+    first_pass: Mapping[str, Completion]
+    rescored: Mapping[int, Collection[str]] = field(default_factory=dict)
 
 
 def rescore_run(rescore: Rescore, engine: Engine, run: RecordedRun) -> None:
@@ -114,7 +120,9 @@ def rescore_run(rescore: Rescore, engine: Engine, run: RecordedRun) -> None:
     done: dict[str, Completion] = {}
     if rescore.of_run is not None:
         tokens = tokens_of_run(run.store, rescore.of_run, set(run.prompt_ids))
-        store_scored(run, score(engine, tokens, run.salt, BASELINE_RESCORING), keep=done)
+        store_scored(run, score(engine, tokens, run.salt, BASELINE_RESCORING,
+                                stored=run.rescored.get(BASELINE_RESCORING, ())), keep=done)
     if rescore.own:
         # where this run chose the baseline's tokens, their rescoring here is this run's own too
-        store_scored(run, score(engine, tokens_of(run.first_pass, run.prompt_ids), run.salt, OWN_RESCORING, done))
+        store_scored(run, score(engine, tokens_of(run.first_pass, run.prompt_ids), run.salt, OWN_RESCORING, done,
+                                stored=run.rescored.get(OWN_RESCORING, ())))

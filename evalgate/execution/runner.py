@@ -13,7 +13,7 @@ import os
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 from ..codec import to_json
 from ..configuration.prompts import SCORING_TYPES
@@ -29,6 +29,7 @@ from ..timings import Timings
 from .replay import Salts
 from .request import Progress, RunRequest
 from .rescore import RecordedRun, rescore_run
+from .resume import Resumed, resume_run
 from .traffic import Traffic, traffic_for
 
 OnRun = Callable[[int], None]  # called with the run id once the run row exists
@@ -96,7 +97,7 @@ def execute_suite(request: RunRequest, timings: Timings, progress: Progress | No
 
         store = open_store(request.url)
         with incomplete_on_failure(store, run_id, "scoring with lm-eval: "), timings.phase("lm_eval"):
-            first_pass = {key: outputs[0] for key, outputs in store.load(run_id).outputs.items()}
+            first_pass = {key: outputs[0] for key, outputs in store.load(run_id, only_pass=0).outputs.items()}
             scores, samples = tasks.score(first_pass)
             store.add_scores(run_id, scores, samples)
     return run_id
@@ -160,21 +161,29 @@ def record_run(request: RunRequest, engine: Engine, timings: Timings, progress: 
     never leaves a database or a run behind."""
     from ..store import open_store
 
-    suite = request.suite
+    suite, resumed = request.suite, None
     with timings.phase("evalgate"):
         prompt_ids = tokenize_prompts(suite, engine)  # a prompt that does not fit: ConfigError, nothing stored
         fingerprint = build_fingerprint(suite, engine)
         store = open_store(request.url)
-        if request.schedule.preset == ROTATING:
+        if request.resume is not None:  # the run's own rotation turn, not the count of runs since
+            turn = (store.get_run(request.resume).schedule or {}).get("turn", 0)
+            request = replace(request, schedule=replace(request.schedule, turn=turn))
+        elif request.schedule.preset == ROTATING:
             request = replace(request, schedule=replace(request.schedule, turn=rotation_turn(store, suite.name)))
         plan = plan_run(request, engine, prompt_ids, fingerprint)
         record = plan.schedule_record()
-        run_id = store.create_run(suite, request.kind, record, plan.fingerprint, plan.prompt_ids,
-                                  rendered=rendered_chats(suite, engine, prompt_ids), **request.labels)
+        if request.resume is None:
+            run_id = store.create_run(suite, request.kind, record, plan.fingerprint, plan.prompt_ids,
+                                      rendered=rendered_chats(suite, engine, prompt_ids), **request.labels)
+        else:
+            resumed = resume_run(store, request.resume, plan.fingerprint, record, dict(request.labels))
+            run_id, record = resumed.run_id, resumed.record
+            plan = replace(plan, passes=[p for p in plan.passes if p.index in resumed.pass_indexes])
     if on_run:
         on_run(run_id)
     with incomplete_on_failure(store, run_id):
-        recording = Recording(plan, store, run_id, engine, timings, progress)
+        recording = Recording(plan, store, run_id, engine, timings, progress, resumed)
         dropped = recording.run()
         if dropped:  # planned, but could not run after all: not a pass to judge, a reason to report
             gone = {p.index for p, _ in dropped if p is not None}
@@ -268,13 +277,14 @@ class Recording:
     engine: Engine
     timings: Timings
     progress: Progress | None = None
+    resumed: Resumed | None = None  # a run continued (execution/resume.py): what it stored before
     dropped: Dropped = field(default_factory=list)
-    first_pass: dict[str, Completion] = field(default_factory=dict)
     done: int = 0
     total: int = 0
     pass_done: int = 0
     pass_total: int = 0
     rescored: bool = False
+    whole_here: set[int] = field(default_factory=set)  # passes run whole by this process (their cache is here)
 
     def run(self) -> Dropped:
         """Every pass of the plan, stored pass by pass, and the run's rescorings (execution/rescore.py)."""
@@ -291,20 +301,26 @@ class Recording:
             probe = get_probe(pass_.probe) if pass_.probe else None
             before = probe.before(self.engine) if probe else None
             traffic = traffic_for(pass_, self.plan.schedule, trace)
-            stored, writer = StoredPass(pass_), OutputWriter(self.store, self.run_id)
+            stored, writer = StoredPass(pass_, self.plan.request.wave_timings), OutputWriter(self.store, self.run_id)
             proved: list[Completion] = []  # a probe's proof reads its pass's outputs
+            if probe and self.resumed is not None and pass_.index in self.resumed.waves:
+                self.store.delete_outputs(self.run_id, pass_.index)  # a probe's pass is redone whole
             with traffic.during(self.engine, pass_):
                 for index, wave in enumerate(pass_waves(pass_, keys, self.wave_context())):
+                    if not probe and self.resumed is not None and self.resumed.stored(pass_.index, index):
+                        stored.kept(sum(wave.recorded))
+                        self.count(pass_, sum(wave.recorded))
+                        continue
                     recorded, seconds = self.submit(pass_, index, wave, traffic)
                     stored.add(recorded, seconds)
                     if probe:
                         proved += recorded
-                    if pass_.index == 0:
-                        self.first_pass.update((c.key, c) for c in recorded)
                     with self.timings.phase("evalgate"):
                         writer.add(recorded)
             with self.timings.phase("evalgate"):
                 writer.flush()
+            if not stored.kept_requests:
+                self.whole_here.add(pass_.index)
             proof, unproven = probe.proof(self.engine, before, proved) if probe else ({}, None)
             if unproven:
                 self.dropped.append((pass_, unproven))
@@ -312,6 +328,12 @@ class Recording:
                 stored.figures({**proof, **_load_record(traffic.pass_stats())}))
         self.rescore_once()
         return self.dropped
+
+    @property
+    def first_pass(self) -> Mapping[str, Completion]:
+        """Pass 0's outputs by key, read back from the store as they are wanted (a probe's waves, the rescoring):
+        a leaderboard-sized pass is never held, and a resumed run's was stored by another process."""
+        return self.store.pass_outputs(self.run_id, 0, [p.key for p in self.plan.suite.prompts])
 
     def wave_context(self) -> WaveContext:
         by_key = {p.key: p for p in self.plan.suite.prompts}
@@ -334,6 +356,10 @@ class Recording:
             self.engine.reset_cache()
         salt = self.plan.salt
         salts = Salts(f"{salt}-{pass_.salt_of}", f"{salt}-{pass_.index}-{index}-trace") if salt else Salts()
+        if self.resumed is not None and salt and pass_.salt_of != pass_.index and pass_.salt_of not in self.whole_here:
+            # a resumed run's hot pass whose reference ran in the process that died: its cache died with that
+            # engine, so warm it again with these requests under the reference's salt (nothing is recorded)
+            self.engine.generate(wave.prompts, cache_salt=salts.requests)
         t0 = time.perf_counter()
         completions, _ = traffic.run(self.engine, wave, salts)
         seconds = time.perf_counter() - t0
@@ -344,12 +370,16 @@ class Recording:
             completion.pass_index, completion.concurrency = pass_.index, pass_.concurrency
             completion.wave, completion.position = index, position
         recorded = [c for c, keep in zip(completions, wave.recorded) if keep]  # companions are not stored
-        self.done += len(recorded)
-        self.pass_done += len(recorded)
+        self.count(pass_, len(recorded))
+        return recorded, seconds
+
+    def count(self, pass_: Pass, requests: int) -> None:
+        """Requests done (run here, or stored before a resume), told to `progress`."""
+        self.done += requests
+        self.pass_done += requests
         if self.progress:
             self.progress(min(self.done, self.total), self.total, pass_.label, min(self.pass_done, self.pass_total),
                           self.pass_total)
-        return recorded, seconds
 
     def rescore_once(self) -> None:
         """The run's rescorings, once, on the suite's own engine (before a probe's replaces it)."""
@@ -359,8 +389,9 @@ class Recording:
         self.rescored = True
         try:
             with self.timings.phase("rescore"):
+                rescored = self.resumed.rescored if self.resumed is not None else {}
                 rescore_run(rescore, self.engine, RecordedRun(self.store, self.run_id, self.plan.prompt_ids,
-                                                              self.plan.salt, self.first_pass))
+                                                              self.plan.salt, self.first_pass, rescored))
         except EngineError as exc:  # the run stands; judging it across hardware then lacks the envelope
             self.dropped.append((None, f"the engine could not score the tokens: {exc.message}"))
 
@@ -368,23 +399,35 @@ class Recording:
 @dataclass
 class StoredPass:
     """A pass's throughput figures, counted as its waves return (read by `evalgate cost` and benchmarks/); a
-    wave's time is the latency of each of its requests, since a wave is submitted and returns together."""
+    wave's time (`per_wave`) is the latency of each of its requests, since a wave is submitted and returns
+    together."""
 
     pass_: Pass
+    per_wave: bool = False  # each wave's seconds too (RunRequest.wave_timings)
     requests: int = 0
     output_tokens: int = 0
+    seconds: float = 0.0
     wave_seconds: list[float] = field(default_factory=list)
+    kept_requests: int = 0  # stored by the process a resumed run continues: not timed here
 
     def add(self, recorded: list[Completion], seconds: float) -> None:
         self.requests += len(recorded)
         self.output_tokens += sum(len(c.output_ids) for c in recorded)
-        self.wave_seconds.append(seconds)
+        self.seconds += seconds
+        if self.per_wave:
+            self.wave_seconds.append(seconds)
+
+    def kept(self, requests: int) -> None:
+        self.kept_requests += requests
 
     def figures(self, extra: dict) -> dict:
         p = self.pass_
+        optional = {"wave_seconds": self.wave_seconds} if self.per_wave else {}
+        if self.kept_requests:
+            optional["resumed_with"] = self.kept_requests
         return {"index": p.index, "concurrency": p.concurrency, "cache": p.cache, "probe": p.probe,
-                "requests": self.requests, "output_tokens": self.output_tokens, "seconds": sum(self.wave_seconds),
-                "wave_seconds": self.wave_seconds, **extra}
+                "requests": self.requests, "output_tokens": self.output_tokens, "seconds": self.seconds,
+                **optional, **extra}
 
 
 def _load_record(stats: dict | None) -> dict:

@@ -111,7 +111,7 @@ def rescorings(store: Store, current: RunRecord, baseline: RunRecord) -> tuple[R
     """The two rescorings of the baseline's tokens (execution/rescore.py): here (the run judged against it
     made one) and on the baseline's own class (recorded with it). None where there is none."""
     def loaded(run_id: int, which: int) -> RunRecord | None:
-        record = store.load(run_id, rescoring=which)
+        record = store.load(run_id, only_pass=which)
         return record if record.digests else None
 
     # a run being judged has no baseline_run_id yet; a stored one made its rescoring against its own baseline

@@ -34,7 +34,7 @@ Adding a probe: docs/design.md, "Adding a probe".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping
 
 from ..configuration.prompts import Prompt
 from ..configuration.remedy import Remedy
@@ -92,7 +92,7 @@ class WaveContext:
     engine: Engine
     prompts: dict[str, Prompt]  # by key
     prompt_ids: dict[str, list[int]]
-    reference: dict[str, Completion]  # pass 0's outputs by key
+    reference: Mapping[str, Completion]  # pass 0's outputs by key, read from the store as they are wanted
 
 
 class Probe:

@@ -10,7 +10,7 @@ several requests in one query, as the judge does for the requests whose digests 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -70,8 +70,8 @@ class StoredOutputs(Mapping):
     completions are built when it is first looked up: all the run's at once, or those `prefetch` names."""
 
     def __init__(self, store: StoreBase, run_id: int, digests: dict[str, list[DigestRow]],
-                 requests: Mapping[str, Any], rescoring: int | None = None):
-        self.store, self.run_id, self.requests, self.rescoring = store, run_id, requests, rescoring
+                 requests: Mapping[str, Any], only_pass: int | None = None):
+        self.store, self.run_id, self.requests, self.only_pass = store, run_id, requests, only_pass
         self.digests = digests  # request key -> its outputs' DigestRows, in pass order
         self._completions: dict[str, list[Completion]] = {}
         self.payloads = RunPayloads(store, run_id)
@@ -103,37 +103,89 @@ class StoredOutputs(Mapping):
             self._read(wanted[i : i + CHUNK], with_payloads=True)
 
     def _read(self, keys: list[str] | None, *, with_payloads: bool = False) -> None:
-        """Build the completions of `keys` (None: of every request not built yet) from their output rows
-        (and, `with_payloads`, keep their payloads), fetched by the driver at once: a run has thousands of
-        outputs, and no SQLAlchemy row is built per output."""
-        mark = self.store.placeholders(1)
-        which = "pass_index >= 0" if self.rescoring is None else f"pass_index = {int(self.rescoring)}"
-        data = ", payloads.data FROM outputs JOIN payloads ON payloads.hash = outputs.payload_hash" if with_payloads \
-            else ", NULL FROM outputs"
-        sql = ("SELECT request_key, pass_index, concurrency, wave, position, finish_reason, digest, cached_tokens, "
-               f"payload_hash{data} WHERE run_id = {mark} AND {which}")
-        params: tuple = (self.run_id,)
-        if keys is not None:
-            sql += f" AND request_key IN ({self.store.placeholders(len(keys))})"
-            params += tuple(keys)
-        built: dict[str, list[Completion]] = {}
-        with self.store.session() as s:
-            rows = self.store.select_rows(s, sql, params)  # in pass order below: a database sort costs more
-        blobs = self.payloads.blobs
-        for key, pass_index, concurrency, wave, position, finish, digest, cached, payload, blob in rows:
-            if key not in self._completions:
-                built.setdefault(key, []).append(StoredCompletion(
-                    key, payload, self.payloads, digest, finish, pass_index=pass_index, concurrency=concurrency,
-                    wave=wave, position=position, cached_tokens=cached, request=self.requests.get(key)))
-                if blob is not None and payload not in blobs:
-                    blobs[payload] = bytes(blob)
-        for completions in built.values():
-            completions.sort(key=_pass_order)
+        """Build the completions of `keys` (None: of every request not built yet), and with `with_payloads`
+        keep their payloads."""
+        built = read_completions(self.store, self.run_id, self.only_pass, keys, self.payloads,
+                                 with_payloads=with_payloads, requests=self.requests, skip=self._completions)
         self._completions.update(built)
+
+
+def read_completions(store: StoreBase, run_id: int, only_pass: int | None, keys: list[str] | None, payloads: RunPayloads,
+                     *, with_payloads: bool, requests: Mapping[str, Any], skip: Collection[str] = ()) -> dict[str, list[Completion]]:
+    """The completions of `keys` (None: every request's but those in `skip`), in pass order, from their output
+    rows (and, `with_payloads`, their payloads into `payloads`), fetched by the driver at once: a run has
+    thousands of outputs, and no SQLAlchemy row is built per output."""
+    mark = store.placeholders(1)
+    which = "pass_index >= 0" if only_pass is None else f"pass_index = {int(only_pass)}"
+    data = ", payloads.data FROM outputs JOIN payloads ON payloads.hash = outputs.payload_hash" if with_payloads \
+        else ", NULL FROM outputs"
+    sql = ("SELECT request_key, pass_index, concurrency, wave, position, finish_reason, digest, cached_tokens, "
+           f"payload_hash{data} WHERE run_id = {mark} AND {which}")
+    params: tuple = (run_id,)
+    if keys is not None:
+        sql += f" AND request_key IN ({store.placeholders(len(keys))})"
+        params += tuple(keys)
+    built: dict[str, list[Completion]] = {}
+    with store.session() as s:
+        rows = store.select_rows(s, sql, params)  # in pass order below: a database sort costs more
+    blobs = payloads.blobs
+    for key, pass_index, concurrency, wave, position, finish, digest, cached, payload, blob in rows:
+        if key not in skip:
+            built.setdefault(key, []).append(StoredCompletion(
+                key, payload, payloads, digest, finish, pass_index=pass_index, concurrency=concurrency,
+                wave=wave, position=position, cached_tokens=cached, request=requests.get(key)))
+            if blob is not None and payload not in blobs:
+                blobs[payload] = bytes(blob)
+    for completions in built.values():
+        completions.sort(key=_pass_order)
+    return built
 
 
 def _pass_order(c: Completion) -> int:
     return c.pass_index
+
+
+class PassOutputs(Mapping):
+    """One stored pass of a run by request key, read a window at a time: a lookup that misses reads the
+    outputs, payloads included, of the `CHUNK` requests from that one on (in `order`), in place of the last
+    window. What reads a pass back request by request, in order (the rescoring, a probe), so holds a window
+    of it, never the pass: a leaderboard-sized run's pass does not fit in memory."""
+
+    def __init__(self, store: StoreBase, run_id: int, pass_index: int, order: list[str]):
+        self.store, self.run_id, self.pass_index, self.order = store, run_id, pass_index, order
+        self._window: dict[str, Completion] = {}
+
+    @cached_property
+    def _positions(self) -> dict[str, int]:
+        return {key: i for i, key in enumerate(self.order)}
+
+    @cached_property
+    def _stored(self) -> frozenset[str]:
+        """The requests the pass has an output of."""
+        with self.store.session() as s:
+            return frozenset(key for key, in self.store.select_rows(
+                s, f"SELECT request_key FROM outputs WHERE run_id = {self.store.placeholders(1)} "
+                   f"AND pass_index = {int(self.pass_index)}", (self.run_id,)))
+
+    def __getitem__(self, key: str) -> Completion:
+        if key not in self._window:
+            if key not in self._stored:
+                raise KeyError(key)
+            start = self._positions[key]
+            keys = [k for k in self.order[start : start + CHUNK] if k in self._stored]
+            read = read_completions(self.store, self.run_id, self.pass_index, keys, RunPayloads(self.store, self.run_id),
+                                    with_payloads=True, requests={})
+            self._window = {k: completions[0] for k, completions in read.items()}
+        return self._window[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key in self.order if key in self._stored)
+
+    def __len__(self) -> int:
+        return len(self._stored)
+
+    def __contains__(self, key) -> bool:
+        return key in self._stored
 
 
 class RunPayloads:
@@ -200,9 +252,9 @@ class RequestDetails:
         return self._rows[key]
 
 
-def load_run(store: StoreBase, run, fingerprint: dict, rescoring: int | None = None) -> RunRecord:
+def load_run(store: StoreBase, run, fingerprint: dict, only_pass: int | None = None) -> RunRecord:
     """A stored run for comparison: its requests and every output's digest, in two plain queries. Its
-    passes; or, with `rescoring` (OWN_RESCORING, BASELINE_RESCORING), that rescoring alone as one pass."""
+    passes; or, with `only_pass`, that pass alone (a rescoring: OWN_RESCORING, BASELINE_RESCORING)."""
     details = RequestDetails(store, run.id)
     mark = store.placeholders(1)
     with store.session() as s:
@@ -210,11 +262,11 @@ def load_run(store: StoreBase, run, fingerprint: dict, rescoring: int | None = N
                     for key, request_hash, location, request_type, ids in store.select_rows(
                         s, "SELECT key, request_hash, location, request_type, prompt_ids FROM requests "
                         f"WHERE run_id = {mark} ORDER BY id", (run.id,))}
-        which = "pass_index >= 0" if rescoring is None else f"pass_index = {int(rescoring)}"
+        which = "pass_index >= 0" if only_pass is None else f"pass_index = {int(only_pass)}"
         rows = store.select_rows(s, "SELECT pass_index, digest, cached_tokens, request_key FROM outputs "
                                     f"WHERE run_id = {mark} AND {which} ORDER BY request_key, pass_index", (run.id,))
     digests: dict[str, list[DigestRow]] = {}
     for row in rows:
         digests.setdefault(row[3], []).append(row)
     return RunRecord(run=run, fingerprint=fingerprint, requests=requests,
-                     outputs=StoredOutputs(store, run.id, digests, requests, rescoring))
+                     outputs=StoredOutputs(store, run.id, digests, requests, only_pass))

@@ -8,7 +8,7 @@ become a baseline.
 
 from __future__ import annotations
 
-from sqlalchemy import func, insert, literal, select
+from sqlalchemy import delete, func, insert, literal, select
 from sqlalchemy.orm import Session
 
 from ..collector import collector_paused
@@ -17,7 +17,7 @@ from ..fingerprint import RunFingerprint, fingerprint_hash
 from ..owners import current_owner
 from ..records import Completion, EncodedPass, encode_pass, pack_ids
 from .base import StoreBase
-from .loaded import RunRecord, load_run
+from .loaded import PassOutputs, RunRecord, load_run
 from .models import Fingerprint, Output, Payload, Request, Run, Verdict, utcnow
 
 OUTPUT_COLUMNS = ("run_id", "request_key", "pass_index", "concurrency", "wave", "position", "finish_reason", "digest",
@@ -192,6 +192,48 @@ class RunStore(StoreBase):
 
         return self.write(write)
 
+    # --- resuming a run (execution/resume.py) --------------------------------------------------------------
+
+    def unfinished_runs(self, suite_name: str, kind: str, shard: str | None, group: str | None) -> list[Run]:
+        """The runs of this suite, kind, shard and group that never finished (running, failed, interrupted),
+        newest first."""
+        with self.session() as s:
+            return list(s.scalars(select(Run).where(
+                Run.suite_name == suite_name, Run.kind == kind, Run.status.in_(("running", "failed", "interrupted")),
+                Run.shard.is_(None) if shard is None else Run.shard == shard,
+                Run.shard_group.is_(None) if group is None else Run.shard_group == group).order_by(Run.id.desc())))
+
+    def reopen_run(self, run_id: int, *, owner: dict | None = None, engine_log: str | None = None, **_labels) -> None:
+        """A run continued by another process: `running` again, owned by it, its earlier error cleared."""
+        def write(s: Session) -> None:
+            run = s.get(Run, run_id)
+            run.status, run.error, run.exit_code, run.finished_at = "running", None, None, None
+            run.owner, run.engine_log = owner, engine_log
+
+        self.write(write)
+
+    def stored_waves(self, run_id: int) -> dict[int, set[int]]:
+        """Pass index -> the waves of it the run has stored (a wave is stored whole: `OutputWriter`)."""
+        waves: dict[int, set[int]] = {}
+        with self.session() as s:
+            for pass_index, wave in s.execute(select(Output.pass_index, Output.wave).distinct().where(
+                    Output.run_id == run_id, Output.pass_index >= 0)):
+                waves.setdefault(pass_index, set()).add(wave)
+        return waves
+
+    def rescored_keys(self, run_id: int) -> dict[int, set[str]]:
+        """Rescoring pass index (negative) -> the requests it has stored."""
+        keys: dict[int, set[str]] = {}
+        with self.session() as s:
+            for pass_index, key in s.execute(select(Output.pass_index, Output.request_key).where(
+                    Output.run_id == run_id, Output.pass_index < 0)):
+                keys.setdefault(pass_index, set()).add(key)
+        return keys
+
+    def delete_outputs(self, run_id: int, pass_index: int) -> None:
+        """A pass's stored outputs, gone (a probe's pass is run again whole: its proof reads its engine)."""
+        self.write(lambda s: s.execute(delete(Output).where(Output.run_id == run_id, Output.pass_index == pass_index)))
+
     def mark_incomplete(self, run_id: int, status: str, error: str) -> None:
         """Best effort: a run that could not finish must never look complete."""
         try:
@@ -240,6 +282,14 @@ class RunStore(StoreBase):
             raise ConfigError(f"run {run_id} does not exist in {self.url}", fix="see `evalgate runs list`")
         return run
 
+    def run_size(self, run_id: int) -> tuple[int, int]:
+        """How many requests a run has, and how many outputs of its passes (rescorings not counted)."""
+        with self.session() as s:
+            requests = s.scalar(select(func.count()).select_from(Request).where(Request.run_id == run_id))
+            outputs = s.scalar(select(func.count()).select_from(Output).where(Output.run_id == run_id,
+                                                                              Output.pass_index >= 0))
+        return requests, outputs
+
     def has_outputs(self, run_id: int) -> bool:
         """Whether the run stored any output (it got past engine start). Raises for a missing run."""
         self.get_run(run_id)
@@ -250,11 +300,15 @@ class RunStore(StoreBase):
         with self.session() as s:
             return [v.detail for v in s.scalars(select(Verdict).where(Verdict.run_id == run_id).order_by(Verdict.id))]
 
-    def load(self, run_id: int, rescoring: int | None = None) -> RunRecord:
+    def pass_outputs(self, run_id: int, pass_index: int, order: list[str]) -> PassOutputs:
+        """One stored pass of a run by request key, read a window at a time in `order` (store/loaded.py)."""
+        return PassOutputs(self, run_id, pass_index, order)
+
+    def load(self, run_id: int, only_pass: int | None = None) -> RunRecord:
         """A run for comparison (store/loaded.py): its requests and every output's digest at once; its
         completions and their payloads when a comparison needs tokens, that is when digests differ.
-        `rescoring`: one of the run's rescorings instead of its passes (OWN_RESCORING, BASELINE_RESCORING)."""
+        `only_pass`: that pass alone, e.g. one of the run's rescorings (OWN_RESCORING, BASELINE_RESCORING)."""
         run = self.get_run(run_id)
         with self.session() as s:
             fp = s.get(Fingerprint, run.fingerprint_hash)
-        return load_run(self, run, fp.components if fp else {}, rescoring)
+        return load_run(self, run, fp.components if fp else {}, only_pass)

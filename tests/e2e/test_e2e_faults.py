@@ -94,11 +94,15 @@ def test_engine_killed_mid_run(cli, vllm_baselined):
     os.kill(engine_child(proc.pid), signal.SIGKILL)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 3, err[-3000:]
-    assert "engine process died (killed by SIGKILL)" in err
+    assert "engine process died (killed by SIGKILL)" in err and "--resume continues it" in err
     assert "PASS" not in out and "FAIL" not in out  # no verdict printed
     assert rows(db, "select id, status from runs where id = 2") == [(2, "failed")]
     assert_baseline_intact(cli, suite, db)
     cli("baseline", "accept", "2", "--suite", suite, check=2)  # never promotable
+    # the failed run goes on in a new engine (tests/e2e/test_e2e_resume.py compares a resumed run's outputs)
+    resumed = cli("check", suite, "--resume")
+    assert resumed.returncode in (0, 1), resumed.stderr[-3000:]
+    assert rows(db, "select id, status from runs") == [(1, "complete"), (2, "complete")]
 
 
 def test_sigterm_mid_run(cli, baselined):

@@ -471,3 +471,40 @@ def test_a_running_run_whose_owner_is_gone_is_abandoned(db_url, suite):
     assert display_status(store.get_run(ids["dead"])) == "interrupted"  # only `running` can be abandoned
     with pytest.raises(ConfigError, match="not complete"):
         store.promote(ids["reused"])
+
+
+def test_a_pass_is_read_back_a_window_at_a_time(db_url, suite, monkeypatch):
+    from evalgate.store import loaded
+
+    monkeypatch.setattr(loaded, "CHUNK", 1)  # one request a window: every lookup past the window reads anew
+    store = Store(db_url)
+    run_id = store.create_run(suite, "check", {}, fingerprint(), PROMPT_IDS)
+    store.add_outputs(run_id, [completion("b", 0, ids=[9, 8]), completion("a", 0)])
+    store.add_outputs(run_id, [completion("a", 1, ids=[4])])
+    first = store.pass_outputs(run_id, 0, ["a", "b"])
+    assert list(first) == ["a", "b"] and len(first) == 2 and "b" in first and "c" not in first
+    assert [c.output_ids.tolist() for c in first.values()] == [[5, 6, 7], [9, 8]]
+    assert bits(first["a"].logprobs) == bits([-0.0, -5e-324, -1.2345678901234567])
+    assert list(first._window) == ["a"]  # what it holds: the window of the last lookup, never the pass
+    with pytest.raises(KeyError):
+        first["c"]
+    assert dict(store.pass_outputs(run_id, 1, ["a", "b"])).keys() == {"a"}
+
+
+def test_what_a_resume_reads_of_an_unfinished_run(db_url, suite):
+    store = Store(db_url)
+    run_id = store.create_run(suite, "check", {}, fingerprint(), PROMPT_IDS, shard="1/2", shard_group="g")
+    rescored = completion("a", -1)
+    store.add_outputs(run_id, [completion("a", 0), completion("b", 0), completion("a", 1), rescored])
+    assert store.stored_waves(run_id) == {0: {0}, 1: {1}}  # pass -> its waves (completion(): wave = pass index)
+    assert store.rescored_keys(run_id) == {-1: {"a"}}
+    store.delete_outputs(run_id, 1)
+    assert store.stored_waves(run_id) == {0: {0}}
+    assert [r.id for r in store.unfinished_runs("unit", "check", "1/2", "g")] == [run_id]
+    assert store.unfinished_runs("unit", "check", None, "g") == store.unfinished_runs("unit", "baseline", "1/2", "g") == []
+    store.mark_incomplete(run_id, "failed", "engine died")
+    store.reopen_run(run_id, owner={"host": "h", "pid": 1}, engine_log=None, shard_group="g")
+    run = store.get_run(run_id)
+    assert (run.status, run.error, run.exit_code, run.finished_at, run.owner["pid"]) == ("running", None, None, None, 1)
+    store.finish_run(run_id, status="complete")
+    assert store.unfinished_runs("unit", "check", "1/2", "g") == []
