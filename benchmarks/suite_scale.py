@@ -50,12 +50,11 @@ def workspace(root: Path, size: int) -> Path:
     return root / "evalgate.toml"
 
 
-def measure(size: int) -> dict:
-    root = Path(tempfile.mkdtemp(prefix=f"evalgate-scale-{size}-"))
-    suite = workspace(root, size)
-    started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "evalgate", "baseline", "create", str(suite)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def measured(args: list[str], ok: tuple[int, ...] = (0,), cwd: Path | None = None) -> dict:
+    """`evalgate ARGS` run as a user runs it: its wall time and the peak RSS of the CLI and of the engine child."""
+    started, log = time.perf_counter(), tempfile.TemporaryFile("w+")  # a file: a pipe left unread would fill
+    proc = subprocess.Popen([sys.executable, "-m", "evalgate", *args], cwd=cwd,
+                            stdout=subprocess.DEVNULL, stderr=log, text=True)
     top, peaks = psutil.Process(proc.pid), {"cli": 0, "engine": 0}
     while proc.poll() is None:
         try:
@@ -68,12 +67,20 @@ def measure(size: int) -> dict:
             pass
         time.sleep(0.2)
     seconds = time.perf_counter() - started
-    err = proc.stderr.read()
-    if proc.returncode != 0:
-        raise SystemExit(f"size {size}: exit {proc.returncode}\n{err[-2000:]}")
+    log.seek(0)
+    err = log.read()
+    if proc.returncode not in ok:
+        raise SystemExit(f"evalgate {' '.join(args)}: exit {proc.returncode}\n{err[-2000:]}")
+    return {"exit": proc.returncode, "seconds": seconds, "peak_rss_mb": max(peaks.values()) / 2**20,
+            "cli_rss_mb": peaks["cli"] / 2**20, "engine_rss_mb": peaks["engine"] / 2**20}
+
+
+def measure(size: int) -> dict:
+    root = Path(tempfile.mkdtemp(prefix=f"evalgate-scale-{size}-"))
+    suite = workspace(root, size)
+    figures = measured(["baseline", "create", str(suite)])
     database = sum(f.stat().st_size for f in root.glob("scale.sqlite*"))
-    return {"requests": size, "seconds": seconds, "peak_rss_mb": max(peaks.values()) / 2**20,
-            "cli_rss_mb": peaks["cli"] / 2**20, "engine_rss_mb": peaks["engine"] / 2**20, "database_mb": database / 2**20}
+    return {"requests": size, **figures, "database_mb": database / 2**20}
 
 
 def main() -> None:

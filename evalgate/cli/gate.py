@@ -136,9 +136,10 @@ def _run(kind: str, suite_file, options: RunOptions, **kwargs):
     except BaseException as exc:
         if _is_infra(exc):
             _infra_outputs(exc, kind, suite.name, junit, started, timestamp)
-            if not merge:
-                err_console.print("the run keeps the waves it stored: the same command with --resume continues it "
-                                  "(docs/usage.md \"Resuming a run\")")
+            unfinished = getattr(exc, "unfinished_run", None)
+            if unfinished is not None:
+                err_console.print(f"run {unfinished} keeps the waves it stored: the same command with --resume continues "
+                                  "it (docs/usage.md \"Resuming a run\")")
         raise
     render_report(console, report)
     if json_report:

@@ -16,7 +16,9 @@ still owns.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import ConfigError
 from ..fingerprint import delta, fingerprint_hash
@@ -67,9 +69,10 @@ class Resumed:
         return {p["index"] for p in self.record["passes"]}
 
 
-def resume_run(store: Store, run_id: int, fingerprint: dict, record: dict, labels: dict) -> Resumed:
-    """Check that this process would record what run `run_id` stored (its fingerprint, its schedule), then
-    make the run this process's: running again, owned here."""
+def resume_run(store: Store, run_id: int, fingerprint: dict, record: dict, labels: Mapping[str, Any]) -> Resumed:
+    """Check that this process would record what run `run_id` stored (its fingerprint, its schedule record),
+    then make the run this process's: running again, owned here (`labels`: the request's, its owner and engine
+    log among them)."""
     run = store.get_run(run_id)
     if fingerprint_hash(fingerprint) != run.fingerprint_hash:
         changed = delta(store.fingerprint_of(run_id), fingerprint) or ["the fingerprint"]
@@ -82,7 +85,7 @@ def resume_run(store: Store, run_id: int, fingerprint: dict, record: dict, label
     if knobs or any(planned.get(p["index"]) != _plain(p) for p in stored.get("passes", [])):
         raise ConfigError(f"run {run_id} ran another schedule ({', '.join(knobs) or 'its passes'} differ)",
                           fix=f"resume with the schedule options that started it, or {FRESH_RUN}")
-    store.reopen_run(run_id, **labels)
+    store.reopen_run(run_id, owner=labels.get("owner"), engine_log=labels.get("engine_log"))
     return Resumed(run_id, stored, store.stored_waves(run_id), store.rescored_keys(run_id))
 
 

@@ -177,7 +177,7 @@ def record_run(request: RunRequest, engine: Engine, timings: Timings, progress: 
             run_id = store.create_run(suite, request.kind, record, plan.fingerprint, plan.prompt_ids,
                                       rendered=rendered_chats(suite, engine, prompt_ids), **request.labels)
         else:
-            resumed = resume_run(store, request.resume, plan.fingerprint, record, dict(request.labels))
+            resumed = resume_run(store, request.resume, plan.fingerprint, record, request.labels)
             run_id, record = resumed.run_id, resumed.record
             plan = replace(plan, passes=[p for p in plan.passes if p.index in resumed.pass_indexes])
     if on_run:

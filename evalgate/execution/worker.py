@@ -134,6 +134,7 @@ def call_in_worker(job, kwargs: dict, *, url: str | None = None, progress: Progr
 
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             open_store(url).mark_incomplete(run_id, status, str(exc) or status)
+            exc.unfinished_run = run_id  # kept with what it stored (a baseline's or check's: `--resume`)
         raise
 
 
@@ -175,9 +176,12 @@ def _call_inline(job, kwargs: dict, *, url: str | None, progress: Progress | Non
 
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             open_store(url).mark_incomplete(run_ids[-1], status, str(exc) or status)
+            exc.unfinished_run = run_ids[-1]
         if isinstance(exc, (EvalgateError, KeyboardInterrupt)):
             raise
-        raise EngineError(f"{type(exc).__name__}: {exc}") from exc  # as the child reports it
+        error = EngineError(f"{type(exc).__name__}: {exc}")  # as the child reports it
+        error.unfinished_run = getattr(exc, "unfinished_run", None)
+        raise error from exc
     finally:
         _apply_env(saved)
 

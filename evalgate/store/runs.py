@@ -203,7 +203,7 @@ class RunStore(StoreBase):
                 Run.shard.is_(None) if shard is None else Run.shard == shard,
                 Run.shard_group.is_(None) if group is None else Run.shard_group == group).order_by(Run.id.desc())))
 
-    def reopen_run(self, run_id: int, *, owner: dict | None = None, engine_log: str | None = None, **_labels) -> None:
+    def reopen_run(self, run_id: int, *, owner: dict | None, engine_log: str | None) -> None:
         """A run continued by another process: `running` again, owned by it, its earlier error cleared."""
         def write(s: Session) -> None:
             run = s.get(Run, run_id)

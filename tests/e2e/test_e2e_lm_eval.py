@@ -246,3 +246,22 @@ def test_pytest_plugin_has_one_item_per_task(workspace):
     assert failed == {"lm_eval:evalgate_capitals"}
     text = cases["lm_eval:evalgate_capitals"].find("failure").text
     assert "of lm-eval task evalgate_capitals failed" in text and "explained_change" in text
+
+
+def test_an_mmlu_shaped_task_runs_end_to_end_on_the_fake_engine(cli_env, tmp_path):
+    """benchmarks/mmlu_shaped.py as a user runs it, at 150 questions (MMLU's shape: four lettered choices, each
+    scored by loglikelihood): create, new weights, check with lm-eval's metric and its paired test over the
+    questions. At MMLU's 14,042 questions it is the leaderboard-sized benchmark (docs/storage.md)."""
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "mmlu_shaped.py"
+    proc = subprocess.run([sys.executable, str(script), "--questions", "150", "--json"], cwd=tmp_path, env=cli_env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(proc.stdout)
+    assert figures["requests"] == 600 and figures["create"]["exit"] == 0  # 150 questions x 4 choices
+    assert figures["counts"]["explained_change"] == 600 and figures["changed_components"] == ["model"]
+    acc, = [m for m in figures["metrics"] if m["metric"].startswith("acc")]
+    assert acc["task"] == "mmlu_shaped" and 0 <= acc["baseline"] <= 1 and acc["paired"]["documents"] == 150

@@ -123,15 +123,20 @@ def test_a_resume_that_would_not_match_is_refused(cli, tmp_path, fake_model):
 
 
 def test_vllm_run_killed_mid_pass_resumes_to_the_same_outputs(cli, tmp_path, tiny_model):
-    """Real vLLM: a baseline whose process group is SIGKILLed mid-pass (engine and all), resumed in a new engine,
-    stores what the same run never interrupted stores. The passes run one sequence at a time (`max_num_seqs = 1`),
-    so a wave's outputs do not depend on which process ran it on any CPU; what is tested is which waves run."""
-    settings = {"kind": "vllm", "concurrency": (1,), "shuffles": 1, "max_tokens": 6, "hot_pass": True,
-                "extra_engine": "max_num_seqs = 1"}
-    whole, resumed = workspaces(tmp_path, tiny_model, **settings)
-    cli("baseline", "create", whole, check=0)
-    killed(cli, "pass:3", "baseline", "create", resumed)
-    cli("baseline", "create", resumed, "--resume", check=0)
-    a, b = stored(whole, 1), stored(resumed, 1)
-    assert b["runs"] == 1 and b["status"] == "complete" and b["outputs"] == a["outputs"]
-    assert sum(p.get("resumed_with", 0) for p in b["passes"]) == 12
+    """Real vLLM: a baseline SIGKILLed in the middle of its first pass (engine and all), resumed in a new engine.
+    Its passes run one sequence at a time (`max_num_seqs = 1`), so every pass of a request must give the same
+    output whichever process ran it, on any CPU: the resumed run is complete and stable, its first pass kept the
+    12 requests stored before the kill, and its hot pass was served from the prefix cache although the pass that
+    warmed it ran in the engine that died (the resume warms it again)."""
+    long_prompts = [" ".join([p] * 6) for p in PROMPTS]  # longer than a KV block: a warm cache serves them
+    suite = write_suite(tmp_path / "ws", tiny_model, long_prompts, concurrency=(1,), shuffles=1, max_tokens=6,
+                        hot_pass=True, extra_engine="max_num_seqs = 1")
+    killed(cli, "pass:3", "baseline", "create", suite)
+    cli("baseline", "create", suite, "--resume", "--json-report", tmp_path / "report.json", check=0)
+    report = read_json(tmp_path / "report.json")
+    run = stored(suite, 1)
+    assert run["runs"] == 1 and run["status"] == "complete" and report["counts"]["stable"] == len(PROMPTS)
+    assert [p.get("resumed_with", 0) for p in run["passes"]] == [12, 0, 0]
+    hot = [p["index"] for p in run["passes"] if p["cache"] == "hot"]
+    cached = [row[7] for row in run["outputs"] if row[1] in hot]
+    assert len(cached) == len(PROMPTS) and all(tokens > 0 for tokens in cached)

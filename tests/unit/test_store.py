@@ -503,7 +503,7 @@ def test_what_a_resume_reads_of_an_unfinished_run(db_url, suite):
     assert [r.id for r in store.unfinished_runs("unit", "check", "1/2", "g")] == [run_id]
     assert store.unfinished_runs("unit", "check", None, "g") == store.unfinished_runs("unit", "baseline", "1/2", "g") == []
     store.mark_incomplete(run_id, "failed", "engine died")
-    store.reopen_run(run_id, owner={"host": "h", "pid": 1}, engine_log=None, shard_group="g")
+    store.reopen_run(run_id, owner={"host": "h", "pid": 1}, engine_log=None)
     run = store.get_run(run_id)
     assert (run.status, run.error, run.exit_code, run.finished_at, run.owner["pid"]) == ("running", None, None, None, 1)
     store.finish_run(run_id, status="complete")
