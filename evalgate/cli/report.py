@@ -27,14 +27,16 @@ def report(run_id: Optional[int] = typer.Argument(None, help="The run to report 
            latest: bool = typer.Option(False, "--latest", help="Report the newest run of the suite instead of RUN"),
            db: Optional[str] = typer.Option(None, "--db", help="Database URL or SQLite path"),
            suite: Optional[Path] = typer.Option(None, "--suite", help="Take the database (and, with --latest, the "
-                                                                    "suite name) from this suite file")):
+                                                                    "suite name) from this suite file"),
+           page: int = typer.Option(1, "--page", help="Which page of the differing requests' token diffs "
+                                    "(500 a page; the page says how many there are)")):
     """Write a stored run as one self-contained HTML file: verdicts, fingerprint changes, token diffs."""
     from ..atomic import write_text_atomic
     from ..judgement.judging import stored_report
     from ..reports.html import build_html
 
     store, run_id = chosen_run(run_id, latest, db, suite, "report")
-    write_text_atomic(html, build_html(store, run_id, stored_report(store, run_id)))
+    write_text_atomic(html, build_html(store, run_id, stored_report(store, run_id), page))
     console.print(f"wrote the report of run {run_id} to {html}")
 
 

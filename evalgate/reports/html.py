@@ -49,7 +49,8 @@ from .history_strip import HISTORY_RUNS, HistoryStrip, history_strip
 if TYPE_CHECKING:
     from ..store import Run
 
-MAX_REQUESTS = 500  # token diffs rendered; the rest are listed by key only
+PAGE_SIZE = 500  # differing requests a page renders as token diffs (`evalgate report --page N`: the others)
+LISTED = 5000  # differing requests of the other pages a page lists by key; past that, their count
 MAX_PROMPT_CHARS = 4000
 CSP = "default-src 'none'; style-src 'unsafe-inline'"
 TEMPLATES = Path(__file__).parent / "templates"
@@ -160,8 +161,32 @@ def _factor_rows(factors: list[FactorRow], cache_hits: list[CacheHits]) -> list[
              "width": f"{100 * (f.differing / f.compared if f.compared else 0.0):.0f}"} for f in factors]
 
 
-def page_context(run: Run, report: Report | None, sections: dict, diffs: list[RequestDiff]) -> dict[str, Any]:
-    """What the template shows beyond the Report's sections: the lines and rows for people."""
+@dataclass(frozen=True)
+class Paging:
+    """Which page of a report's differing requests a page renders (1-based), and what the others are:
+    (key, verdict) of up to `LISTED` of them."""
+
+    page: int = 1
+    pages: int = 1
+    differing: int = 0
+    others: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def line(self) -> str | None:
+        if self.pages == 1:
+            return None
+        first = (self.page - 1) * PAGE_SIZE + 1
+        return (f"page {self.page} of {self.pages}: differing requests {first:,} to "
+                f"{min(self.page * PAGE_SIZE, self.differing):,} of {self.differing:,} (`evalgate report RUN --html FILE "
+                f"--page N` writes another)")
+
+
+def page_context(run: Run, report: Report | None, sections: dict, diffs: list[RequestDiff],
+                 paging: Paging | None = None) -> dict[str, Any]:
+    """What the template shows beyond the Report's sections: the lines and rows for people. `diffs`: the
+    page's; without `paging`, the first PAGE_SIZE are rendered and the rest listed by key."""
+    if paging is None:
+        paging = Paging(others=tuple((d.verdict.key, d.verdict.verdict) for d in diffs[PAGE_SIZE:]))
     conditions = sections.get("conditions") or {}
     factors, hits = conditions.get("factors") or [], conditions.get("cache_hits") or []
     lines = factor_lines(factors, hits, conditions.get("not_run") or [], conditions.get("alone_coverage"))
@@ -182,8 +207,10 @@ def page_context(run: Run, report: Report | None, sections: dict, diffs: list[Re
                          for line in hardware_lines(hardware, flips=50)],
         "metrics": [_metric(m) for m in (report.metrics if report is not None else [])],
         "metrics_failed": metric_failure_line(report) if report is not None else None,
-        "requests": [_request(d) for d in diffs[:MAX_REQUESTS]],
-        "rest": [(d.verdict.key, d.verdict.verdict) for d in diffs[MAX_REQUESTS:]],
+        "requests": [_request(d) for d in diffs[:PAGE_SIZE]],
+        "rest": list(paging.others),
+        "unlisted": paging.differing - len(diffs[:PAGE_SIZE]) - len(paging.others) if paging.pages > 1 else 0,
+        "paging": paging.line,
     }
 
 
@@ -201,12 +228,12 @@ def _template():
 
 
 def render_html(run: Run, report: Report | None, diffs: list[RequestDiff] = (),
-                history: HistoryStrip | None = None) -> str:
+                history: HistoryStrip | None = None, paging: Paging | None = None) -> str:
     """The page of a run (its row), its stored report (None: never judged), its differing requests' sides
-    and the suite's recent runs on its hardware class (`history`)."""
+    (those of `paging`'s page) and the suite's recent runs on its hardware class (`history`)."""
     sections = report.sections() if report is not None else {}
     return _template().render(run=run, status=display_status(run), report=report, sections=sections,
-                              page=page_context(run, report, sections, list(diffs)), history=history,
+                              page=page_context(run, report, sections, list(diffs), paging), history=history,
                               css=(TEMPLATES / "report.css").read_text(), csp=CSP)
 
 
@@ -229,19 +256,24 @@ def _when(dt) -> str | None:
     return dt.strftime("%Y-%m-%d %H:%M:%S UTC") if dt else None
 
 
-def request_diffs(store, run_id: int, report: Report | None) -> list[RequestDiff]:
-    """The two sides of every request the report lists as differing: within the run, the disagreeing passes;
-    against the baseline, the baseline's pass of the condition that differs (verdict.matching_passes)."""
+def request_diffs(store, run_id: int, report: Report | None, verdicts: list | None = None) -> list[RequestDiff]:
+    """The two sides of each request of `verdicts` (default: every one the report lists as differing), read
+    for those requests alone: within the run, the disagreeing passes; against the baseline, the baseline's
+    pass of the condition that differs (verdict.matching_passes)."""
     from ..errors import EvalgateError
 
-    verdicts = [v for v in (report.verdicts if report is not None else []) if v.verdict != "stable"]
+    if verdicts is None:
+        verdicts = [v for v in (report.verdicts if report is not None else []) if v.verdict != "stable"]
     if not verdicts:
         return []
-    record = store.load(run_id)
+    keys = [v.key for v in verdicts]
+    record = store.load(run_id, keys=keys)
+    record.prefetch(keys)
     baseline = None
     if report.baseline_run_id is not None:
         try:
-            baseline = store.load(report.baseline_run_id)
+            baseline = store.load(report.baseline_run_id, keys=keys)
+            baseline.prefetch(keys)
         except EvalgateError:  # deleted since: the page still shows this run's side
             baseline = None
     diffs = []
@@ -263,10 +295,22 @@ def request_diffs(store, run_id: int, report: Report | None) -> list[RequestDiff
     return diffs
 
 
-def build_html(store, run_id: int, report: Report | None) -> str:
-    """The page of a stored run and its stored report (gate.stored_report), with the history strip."""
+def build_html(store, run_id: int, report: Report | None, page: int = 1) -> str:
+    """A page of a stored run and its stored report (gate.stored_report), with the history strip: the token
+    diffs of its differing requests `PAGE_SIZE` a page (`page`, from 1), so a page of a leaderboard-sized run
+    reads and renders a bounded part of it."""
+    from ..errors import ConfigError
     from ..store.listing import history_rows
 
     run = store.get_run(run_id)
+    differing = [v for v in (report.verdicts if report is not None else []) if v.verdict != "stable"]
+    pages = max(1, -(-len(differing) // PAGE_SIZE))
+    if not 1 <= page <= pages:
+        raise ConfigError(f"the report of run {run_id} has {pages} page{'s' if pages > 1 else ''} of differing "
+                          f"requests ({PAGE_SIZE} a page), not page {page}", fix=f"--page 1 to {pages}")
+    start = (page - 1) * PAGE_SIZE
+    shown, others = differing[start : start + PAGE_SIZE], differing[:start] + differing[start + PAGE_SIZE :]
+    paging = Paging(page, pages, len(differing), tuple((v.key, v.verdict) for v in others[:LISTED]))
     rows = history_rows(store.url, run.suite_name, limit=4 * HISTORY_RUNS)  # other classes' runs are left out
-    return render_html(run, report, request_diffs(store, run_id, report), history_strip(rows, run_id, run.hardware_class))
+    return render_html(run, report, request_diffs(store, run_id, report, shown),
+                       history_strip(rows, run_id, run.hardware_class), paging)

@@ -252,19 +252,28 @@ class RequestDetails:
         return self._rows[key]
 
 
-def load_run(store: StoreBase, run, fingerprint: dict, only_pass: int | None = None) -> RunRecord:
+def load_run(store: StoreBase, run, fingerprint: dict, only_pass: int | None = None,
+             keys: list[str] | None = None) -> RunRecord:
     """A stored run for comparison: its requests and every output's digest, in two plain queries. Its
-    passes; or, with `only_pass`, that pass alone (a rescoring: OWN_RESCORING, BASELINE_RESCORING)."""
+    passes; or, with `only_pass`, that pass alone (a rescoring: OWN_RESCORING, BASELINE_RESCORING). With
+    `keys`, those requests only (`CHUNK` a query): what a page of a report reads of a large run."""
     details = RequestDetails(store, run.id)
     mark = store.placeholders(1)
+    which = "pass_index >= 0" if only_pass is None else f"pass_index = {int(only_pass)}"
+    chunks = [None] if keys is None else [keys[i : i + CHUNK] for i in range(0, len(keys), CHUNK)]
+    request_rows, rows = [], []
     with store.session() as s:
-        requests = {key: StoredRequest(key, request_hash, location, request_type, bytes(ids), details)
-                    for key, request_hash, location, request_type, ids in store.select_rows(
-                        s, "SELECT key, request_hash, location, request_type, prompt_ids FROM requests "
-                        f"WHERE run_id = {mark} ORDER BY id", (run.id,))}
-        which = "pass_index >= 0" if only_pass is None else f"pass_index = {int(only_pass)}"
-        rows = store.select_rows(s, "SELECT pass_index, digest, cached_tokens, request_key FROM outputs "
-                                    f"WHERE run_id = {mark} AND {which} ORDER BY request_key, pass_index", (run.id,))
+        for chunk in chunks:
+            among = "" if chunk is None else f" AND {{column}} IN ({store.placeholders(len(chunk))})"
+            params = (run.id,) if chunk is None else (run.id, *chunk)
+            request_rows += store.select_rows(
+                s, "SELECT key, request_hash, location, request_type, prompt_ids FROM requests "
+                   f"WHERE run_id = {mark}{among.format(column='key')} ORDER BY id", params)
+            rows += store.select_rows(
+                s, "SELECT pass_index, digest, cached_tokens, request_key FROM outputs WHERE run_id = "
+                   f"{mark} AND {which}{among.format(column='request_key')} ORDER BY request_key, pass_index", params)
+    requests = {key: StoredRequest(key, request_hash, location, request_type, bytes(ids), details)
+                for key, request_hash, location, request_type, ids in request_rows}
     digests: dict[str, list[DigestRow]] = {}
     for row in rows:
         digests.setdefault(row[3], []).append(row)

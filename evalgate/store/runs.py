@@ -304,11 +304,12 @@ class RunStore(StoreBase):
         """One stored pass of a run by request key, read a window at a time in `order` (store/loaded.py)."""
         return PassOutputs(self, run_id, pass_index, order)
 
-    def load(self, run_id: int, only_pass: int | None = None) -> RunRecord:
+    def load(self, run_id: int, only_pass: int | None = None, keys: list[str] | None = None) -> RunRecord:
         """A run for comparison (store/loaded.py): its requests and every output's digest at once; its
         completions and their payloads when a comparison needs tokens, that is when digests differ.
-        `only_pass`: that pass alone, e.g. one of the run's rescorings (OWN_RESCORING, BASELINE_RESCORING)."""
+        `only_pass`: that pass alone, e.g. one of the run's rescorings (OWN_RESCORING, BASELINE_RESCORING).
+        `keys`: those requests alone."""
         run = self.get_run(run_id)
         with self.session() as s:
             fp = s.get(Fingerprint, run.fingerprint_hash)
-        return load_run(self, run, fp.components if fp else {}, only_pass)
+        return load_run(self, run, fp.components if fp else {}, only_pass, keys)

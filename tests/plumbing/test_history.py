@@ -85,3 +85,26 @@ def test_the_history_reads_without_the_model_from_the_suite_table_alone(inline_c
     assert (tmp_path / "r.html").stat().st_size > 0
     laptop("pr-comment", "--latest", "--dry-run", "--body-file", tmp_path / "c.md", check=0)
     assert "evalgate" in (tmp_path / "c.md").read_text()
+
+
+def test_the_html_report_of_many_differences_is_paged(inline_cli, tmp_path, fake_model):
+    """1,050 requests that all vary with the batch: a page renders the token diffs of 500 of them and lists the
+    others by key; `--page` writes the others, and a page past the last is refused naming the range."""
+    prompts = [f"Paged prompt {i}" for i in range(1050)]
+    keys = ", ".join(f'"p{i:03d}"' for i in range(len(prompts)))
+    suite = write_suite(tmp_path / "ws", fake_model, prompts, concurrency=(1, 2), shuffles=0, kind="fake",
+                        hot_pass=False, extra_engine=f"fake_vary_with_batch = [{keys}]")
+    inline_cli("baseline", "create", suite, "--allow-variance", check=1)
+    pages = {}
+    for page in (1, 3):
+        inline_cli("report", "1", "--suite", suite, "--html", tmp_path / f"{page}.html", "--page", str(page), check=0)
+        pages[page] = (tmp_path / f"{page}.html").read_text()
+    assert len(re.findall(r'<section class="request[^"]*" id="req-', pages[1])) == 500
+    assert len(re.findall(r'<section class="request[^"]*" id="req-', pages[3])) == 50
+    assert "page 1 of 3: differing requests 1 to 500 of 1,050" in pages[1]
+    assert "page 3 of 3: differing requests 1,001 to 1,050 of 1,050" in pages[3]
+    assert "... and 550 more: p500 (batch_variance)" in pages[1] and "p1049 (batch_variance)" in pages[1]
+    assert "p000 (batch_variance)" in pages[3] and "p1000 (batch_variance)" not in pages[3]
+    refused = inline_cli("report", "1", "--suite", suite, "--html", tmp_path / "4.html", "--page", "4", check=2)
+    assert "has 3 pages of differing requests (500 a page), not page 4" in refused.stderr
+    assert not (tmp_path / "4.html").exists()
