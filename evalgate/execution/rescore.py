@@ -14,7 +14,7 @@ passes reads it; `Store.load(run_id, only_pass=...)` reads one. A merged run car
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..configuration.prompts import SCORING_TYPES, Prompt
@@ -36,7 +36,7 @@ class Rescore:
 Tokens = Iterable[tuple[str, tuple[list[int], list[int]]]]
 
 
-def tokens_of(completions: Mapping[str, Completion], prompt_ids: Mapping[str, list[int]]) -> Tokens:
+def tokens_of(completions: Mapping[str, Completion], prompt_ids: Mapping[str, Sequence[int]]) -> Tokens:
     """The generated requests' tokens (a scoring request already is a rescoring: nothing to add)."""
     return ((key, (list(prompt_ids[key]), c.output_ids.tolist())) for key, c in completions.items()
             if c.finish_reason != "scored" and c.output_ids.size)
@@ -108,7 +108,7 @@ class RecordedRun:
 
     store: Store
     run_id: int
-    prompt_ids: dict[str, list[int]]
+    prompt_ids: dict[str, Sequence[int]]
     salt: str | None
     first_pass: Mapping[str, Completion]
     rescored: Mapping[int, Collection[str]] = field(default_factory=dict)

@@ -34,7 +34,7 @@ Adding a probe: docs/design.md, "Adding a probe".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 from ..configuration.prompts import Prompt
 from ..configuration.remedy import Remedy
@@ -91,7 +91,7 @@ class WaveContext:
     schedule: Schedule
     engine: Engine
     prompts: dict[str, Prompt]  # by key
-    prompt_ids: dict[str, list[int]]
+    prompt_ids: dict[str, Sequence[int]]  # by key, as int32 arrays (index, slice, len, tuple() them)
     reference: Mapping[str, Completion]  # pass 0's outputs by key, read from the store as they are wanted
 
 

@@ -9,6 +9,8 @@ NUL-safe text) is still applied, so what is stored is what the ORM would store.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from sqlalchemy import LargeBinary, Table, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -68,6 +70,17 @@ class StoreBase:
         try:
             cursor.execute(sql, params)
             return cursor.fetchall()
+        finally:
+            cursor.close()
+
+    def iter_rows(self, s: Session, sql: str, params: tuple, size: int = 10_000) -> Iterator[tuple]:
+        """The rows of a plain SELECT, handed over `size` at a time: what a caller keeps of a large result is
+        built as the rows come, never beside every row the driver returned."""
+        cursor = s.connection().connection.cursor()
+        try:
+            cursor.execute(sql, params)
+            while batch := cursor.fetchmany(size):
+                yield from batch
         finally:
             cursor.close()
 

@@ -261,21 +261,29 @@ def load_run(store: StoreBase, run, fingerprint: dict, only_pass: int | None = N
     mark = store.placeholders(1)
     which = "pass_index >= 0" if only_pass is None else f"pass_index = {int(only_pass)}"
     chunks = [None] if keys is None else [keys[i : i + CHUNK] for i in range(0, len(keys), CHUNK)]
-    request_rows, rows = [], []
+    requests: dict[str, StoredRequest] = {}
+    digests: dict[str, list[DigestRow]] = {}
     with store.session() as s:
         for chunk in chunks:
             among = "" if chunk is None else f" AND {{column}} IN ({store.placeholders(len(chunk))})"
             params = (run.id,) if chunk is None else (run.id, *chunk)
-            request_rows += store.select_rows(
-                s, "SELECT key, request_hash, location, request_type, prompt_ids FROM requests "
-                   f"WHERE run_id = {mark}{among.format(column='key')} ORDER BY id", params)
-            rows += store.select_rows(
-                s, "SELECT pass_index, digest, cached_tokens, request_key FROM outputs WHERE run_id = "
-                   f"{mark} AND {which}{among.format(column='request_key')} ORDER BY request_key, pass_index", params)
-    requests = {key: StoredRequest(key, request_hash, location, request_type, bytes(ids), details)
-                for key, request_hash, location, request_type, ids in request_rows}
-    digests: dict[str, list[DigestRow]] = {}
-    for row in rows:
-        digests.setdefault(row[3], []).append(row)
+            for key, request_hash, location, request_type, ids in store.iter_rows(
+                    s, "SELECT key, request_hash, location, request_type, prompt_ids FROM requests "
+                       f"WHERE run_id = {mark}{among.format(column='key')} ORDER BY id", params):
+                requests[key] = StoredRequest(key, request_hash, location, request_type, bytes(ids), details)
+            for pass_index, digest, cached, key in store.iter_rows(
+                    s, "SELECT pass_index, digest, cached_tokens, request_key FROM outputs WHERE run_id = "
+                       f"{mark} AND {which}{among.format(column='request_key')} ORDER BY request_key, pass_index", params):
+                # one key string per request, and one digest string for its passes that gave one output: a
+                # leaderboard-sized run has millions of rows, mostly equal passes
+                outputs = digests.get(key)
+                if outputs is None:
+                    key = requests[key].key if key in requests else key
+                    outputs = digests[key] = []
+                else:
+                    key = outputs[0][3]
+                    if outputs[-1][1] == digest:
+                        digest = outputs[-1][1]
+                outputs.append((pass_index, digest, cached, key))
     return RunRecord(run=run, fingerprint=fingerprint, requests=requests,
                      outputs=StoredOutputs(store, run.id, digests, requests, only_pass))

@@ -8,6 +8,8 @@ become a baseline.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from sqlalchemy import delete, func, insert, literal, select
 from sqlalchemy.orm import Session
 
@@ -56,7 +58,7 @@ class RunStore(StoreBase):
     # --- writing a run ---------------------------------------------------------------------------------
 
     def create_run(self, suite, kind: str, schedule: dict, fingerprint: dict[str, dict],
-                   prompt_ids: dict[str, list[int]], *, rendered: dict[str, str] | None = None, shard: str | None = None,
+                   prompt_ids: Mapping[str, Sequence[int]], *, rendered: dict[str, str] | None = None, shard: str | None = None,
                    shard_group: str | None = None, owner: dict | None = None, engine_log: str | None = None) -> int:
         fp_hash = fingerprint_hash(fingerprint)
         self._check_fits(suite)
