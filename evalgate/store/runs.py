@@ -8,7 +8,8 @@ become a baseline.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from itertools import islice
 
 from sqlalchemy import delete, func, insert, literal, select
 from sqlalchemy.orm import Session
@@ -27,6 +28,9 @@ OUTPUT_COLUMNS = ("run_id", "request_key", "pass_index", "concurrency", "wave", 
 REQUEST_COLUMNS = ("run_id", "key", "request_hash", "prompt", "prompt_ids", "sampling", "location", "request_type",
                    "rendered")
 
+
+# Request rows a new run builds and inserts at a time: a leaderboard-sized suite's are never all built at once.
+INSERT_EVERY = 5_000
 
 # The most outputs an `OutputWriter` holds before it hands them to `add_outputs`: a pass (and a rescoring) is
 # stored as it runs, never held whole (a leaderboard-sized suite's pass would not fit in memory).
@@ -66,10 +70,11 @@ class RunStore(StoreBase):
         # the suite component holds every request's hash already: hashing 5,000 prompts again costs 0.1 s
         hashes = RunFingerprint(fingerprint).request_hashes
         locations = suite.locations
-        with collector_paused():
-            rows = [(p.key, hashes.get(p.key) or suite.request_hash(p), p.text, pack_ids(prompt_ids[p.key]),
-                     suite.sampling_for(p), locations.get(p.key), p.request_type, (rendered or {}).get(p.key))
-                    for p in suite.prompts]
+
+        def request_rows(run_id: int) -> Iterator[tuple]:
+            for p in suite.prompts:
+                yield (run_id, p.key, hashes.get(p.key) or suite.request_hash(p), p.text, pack_ids(prompt_ids[p.key]),
+                       suite.sampling_for(p), locations.get(p.key), p.request_type, (rendered or {}).get(p.key))
 
         def write(s: Session) -> int:
             self.add_fingerprint(s, fp_hash, fingerprint)
@@ -78,7 +83,9 @@ class RunStore(StoreBase):
                       shard=shard, shard_group=shard_group, owner=owner, engine_log=engine_log)
             s.add(run)
             s.flush()
-            self.insert_rows(s, Request.__table__, REQUEST_COLUMNS, [(run.id, *row) for row in rows])
+            rows = request_rows(run.id)  # built and inserted INSERT_EVERY at a time, in the one transaction
+            while chunk := list(islice(rows, INSERT_EVERY)):
+                self.insert_rows(s, Request.__table__, REQUEST_COLUMNS, chunk)
             return run.id
 
         with collector_paused():
