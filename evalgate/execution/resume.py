@@ -25,9 +25,8 @@ from ..fingerprint import delta, fingerprint_hash
 from ..owners import owner_alive
 from ..store import Store
 
-UNFINISHED = ("running", "failed", "interrupted")
-# what `--resume` continues, and the fix a refusal names
-FRESH_RUN = "run it without --resume to start a new run"
+UNFINISHED = ("running", "failed", "interrupted")  # the statuses `--resume` continues
+FRESH_RUN = "run it without --resume to start a new run"  # the fix a refused resume names
 
 
 def run_to_resume(store: Store, suite_name: str, kind: str, *, shard: str | None, group: str | None,
