@@ -5,8 +5,8 @@ A run SIGKILLed in each phase of its life (mid-pass, mid-rescoring, mid-judging)
 same run row. On the fake engine, whose outputs are a pure function of each request's arrangement, with a
 planted batch effect and a planted cache effect: a resumed wave run in another arrangement, or a hot pass run
 cold because its cache died with the engine, would change outputs. The kill lands where the test says
-(tests/killed_run.py: the engine runs in the CLI's own process, which SIGKILLs itself there). The same
-resume on real vLLM is in test_vllm_run_killed_mid_pass_resumes_to_the_same_outputs.
+(tests/killed_run.py: the engine runs in the CLI's own process, which SIGKILLs itself there). A resume on
+real vLLM: test_a_vllm_run_killed_mid_pass_resumes_stable_with_its_hot_pass_warm.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def test_a_resume_that_would_not_match_is_refused(cli, tmp_path, fake_model):
     assert rows(suite.parent / "evalgate.sqlite", "select id, status from runs") == [(1, "complete"), (2, "complete")]
 
 
-def test_vllm_run_killed_mid_pass_resumes_to_the_same_outputs(cli, tmp_path, tiny_model):
+def test_a_vllm_run_killed_mid_pass_resumes_stable_with_its_hot_pass_warm(cli, tmp_path, tiny_model):
     """Real vLLM: a baseline SIGKILLed in the middle of its first pass (engine and all), resumed in a new engine.
     Its passes run one sequence at a time (`max_num_seqs = 1`), so every pass of a request must give the same
     output whichever process ran it, on any CPU: the resumed run is complete and stable, its first pass kept the
