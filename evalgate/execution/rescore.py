@@ -65,11 +65,11 @@ def score(engine: Engine, tokens: Tokens, salt: str | None, pass_index: int,
     limit = engine.max_model_len - 1  # the prefill asks for one token more
     wave = 0
     for key, (prompt_ids, output_ids) in tokens:
-        output_ids = output_ids[: max(0, limit - len(prompt_ids))]
-        known = (done or {}).get(key)
         if key in stored:  # stored by the process this run continues: its wave is counted all the same
             wave += 1
             continue
+        output_ids = output_ids[: max(0, limit - len(prompt_ids))]
+        known = (done or {}).get(key)
         if known is not None and list(known.prompt_ids) == prompt_ids + output_ids:
             scored = known
         elif output_ids:

@@ -35,7 +35,7 @@ def run_to_resume(store: Store, suite_name: str, kind: str, *, shard: str | None
     shard and group that no live process owns (None: there is none, and the run starts afresh)."""
     if run_id is None:
         return next((run.id for run in store.unfinished_runs(suite_name, kind, str(shard) if shard else None, group)
-                     if owner_alive(run.owner) is not True), None)
+                     if not _owned_here(run)), None)
     run = store.get_run(run_id)
     wanted = {"suite": suite_name, "kind": kind, "shard": str(shard) if shard else None}
     found = {"suite": run.suite_name, "kind": run.kind, "shard": run.shard}
@@ -45,10 +45,15 @@ def run_to_resume(store: Store, suite_name: str, kind: str, *, shard: str | None
                           fix="resume it with the command, suite and --shard that started it (see `evalgate runs list`)")
     if run.status not in UNFINISHED:
         raise ConfigError(f"run {run_id} is {run.status}: there is nothing to resume", fix=FRESH_RUN)
-    if run.status == "running" and owner_alive(run.owner):
+    if _owned_here(run):
         raise ConfigError(f"run {run_id} is running in process {run.owner['pid']} on this machine",
                           fix="wait for it, or stop that process first")
     return run_id
+
+
+def _owned_here(run) -> bool:
+    """Whether a live process on this machine is still writing the run (one on another host cannot be told)."""
+    return run.status == "running" and owner_alive(run.owner) is True
 
 
 @dataclass
