@@ -8,6 +8,8 @@ baseline judges a check, and accepting or adopting one: baselines.py.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from .baselines import accept, adopt_run, find_baseline
 from .configuration.schedule import Schedule
 from .configuration.shard import Shard
@@ -185,3 +187,11 @@ def merged_suite_component(members) -> dict:
     if sections:
         data["adapters"] = {part: {k: v for s in sections for k, v in s[part].items()} for part in ("files", "requests")}
     return component(data, members[0].fingerprint.part("suite", "info"))
+
+
+def judged_requests(suite: Suite, report: Report, store: Store | str | None = None) -> Iterator[tuple[str, str | None]]:
+    """Every request the report judged, (key, location) in stored order: its run's, or merged per class each
+    class's. What a JUnit file lists: a report lists only the requests that are not stable."""
+    store = open_store(suite_database(suite, store))
+    for run_id in [row.run_id for row in report.classes] or [report.run_id]:
+        yield from store.request_locations(run_id)

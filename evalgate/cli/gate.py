@@ -146,7 +146,7 @@ def _run(kind: str, suite_file, options: RunOptions, **kwargs):
         write_json(report, json_report)
     if junit:
         write_junit(report, junit, suite_file=suite.path, duration=time.monotonic() - started,
-                    timestamp=timestamp, hostname=socket.gethostname())
+                    timestamp=timestamp, hostname=socket.gethostname(), requests=gate.judged_requests(suite, report))
     try:
         github.publish(report)
     except OSError as exc:  # an unwritable $GITHUB_STEP_SUMMARY must not turn a verdict into exit 3

@@ -31,7 +31,7 @@ DEFAULT_MAX_PROMPTS_BYTES = 256 << 20  # 256 MiB
 MAX_PROMPTS_ENV = "EVALGATE_MAX_PROMPTS_BYTES"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a leaderboard-sized suite holds hundreds of thousands
 class Prompt:
     """One request of the suite: a line of the prompts file, or a request lm-eval built from a task."""
 

@@ -152,10 +152,9 @@ class Suite:
                 "requests": {p.key: {"adapter": p.adapter, "own": own[p.key]} for p in adapted}}
         return identity
 
-    @property
-    def locations(self) -> dict[str, str]:
-        """Request key -> 'file:line' (or the lm-eval task and document), for reports that point at the source."""
-        return {p.key: p.location or f"{self.prompts_file}:{p.line}" for p in self.prompts}
+    def location_of(self, prompt: Prompt) -> str:
+        """A request's 'file:line' (or its lm-eval task and document), for reports that point at the source."""
+        return prompt.location or f"{self.prompts_file}:{prompt.line}"
 
 
 def parse_probes(value, where: str, sec: str) -> tuple[str, ...]:

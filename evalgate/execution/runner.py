@@ -46,11 +46,11 @@ def tokenize_prompts(suite: Suite, engine: Engine) -> dict[str, Sequence[int]]:
         try:
             ids = engine.tokenize(p)
         except ConfigError as exc:  # a chat template that refuses the messages: name the line
-            raise ConfigError(f"{suite.locations[p.key]}: {exc.message}", fix=exc.fix) from None
+            raise ConfigError(f"{suite.location_of(p)}: {exc.message}", fix=exc.fix) from None
         # lm-eval scoring requests are built to fit (each window is its own engine request)
         if not p.segments and len(ids) >= limit:
             raise ConfigError(
-                f"{suite.locations[p.key]}: prompt {p.key!r} is {len(ids)} tokens, the engine's max_model_len is {limit}",
+                f"{suite.location_of(p)}: prompt {p.key!r} is {len(ids)} tokens, the engine's max_model_len is {limit}",
                 fix="shorten the prompt or raise engine.max_model_len in the suite file",
             )
         prompt_ids[p.key] = array("i", ids)

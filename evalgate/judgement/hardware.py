@@ -120,29 +120,34 @@ def classify(divergence, decode_delta: float | None, here: Completion | None, de
     return ("near_tie" if near else "confident"), gap
 
 
-def envelope(here: RunRecord | None, there: RunRecord | None, skip: frozenset[str] | set[str] = frozenset()) -> dict[str, Any] | None:
-    """Max and p99 of |Δ logprob| per position between the two rescorings, over every request in both (but `skip`:
-    requests whose rescorings are not their own)."""
-    import numpy as np
-
+def envelope_deltas(here: RunRecord | None, there: RunRecord | None, skip: frozenset[str] | set[str] = frozenset()) -> list:
+    """|Δ logprob| per position between the two rescorings, one array per request in both (but `skip`: requests
+    whose rescorings are not their own); none without both."""
     if here is None or there is None:
-        return None
+        return []
     keys = [key for key in here.digests if key in there.digests and key not in skip]
     here.prefetch(keys)
     there.prefetch(keys)
-    found = [d for d in (position_deltas(rescoring_of(k, here), rescoring_of(k, there)) for k in keys) if d is not None]
-    values = np.concatenate(found) if found else np.zeros(0)
+    return [d for d in (position_deltas(rescoring_of(k, here), rescoring_of(k, there)) for k in keys) if d is not None]
+
+
+def envelope(deltas: list) -> dict[str, Any]:
+    """Max and p99 of the per-position deltas (`envelope_deltas`) over every request."""
+    import numpy as np
+
+    values = np.concatenate(deltas) if deltas else np.zeros(0)
     if not values.size:
         return {"max": None, "p99": None, "positions": 0, "requests": 0}
     return {"max": float(values.max()), "p99": float(np.quantile(values, 0.99, method="higher")),
-            "positions": int(values.size), "requests": len(found)}
+            "positions": int(values.size), "requests": len(deltas)}
 
 
 def across_hardware(verdicts: list[RequestVerdict], current: RunRecord, baseline: RunRecord, here: RunRecord | None,
                     there: RunRecord | None, policy: GatePolicy) -> tuple[list[RequestVerdict], AcrossHardware]:
     """Every difference from the other class's baseline classified (module docstring): the verdicts as the
-    classes decide them, and the section that says how. `here`: this check's rescoring of the baseline's
-    tokens; `there`: the baseline's own, on its class."""
+    classes decide them, and the section that says how, its envelope left to the caller (`envelope`: the
+    deltas of every window of the run). `here`: this check's rescoring of the baseline's tokens; `there`: the
+    baseline's own, on its class."""
     engine = current.fingerprint.engine
     tolerance = policy.tolerance(engine.get("dtype"))
     counts = dict.fromkeys(CLASSES, 0)
@@ -194,7 +199,7 @@ def across_hardware(verdicts: list[RequestVerdict], current: RunRecord, baseline
         baseline_class=baseline.run.hardware_class, baseline_label=hardware_label(baseline.fingerprint.hardware),
         here_class=current.run.hardware_class, here_label=hardware_label(current.fingerprint.hardware),
         mode=policy.other_hardware, tolerance=tolerance, counts=counts, compared=compared,
-        envelope=envelope(here, there, skip=set(unscored)), flips=flips, notes=notes)
+        envelope=None, flips=flips, notes=notes)
 
 
 

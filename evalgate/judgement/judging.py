@@ -1,7 +1,9 @@
 """The one judging pipeline: `judge_run(current, baseline, judging) -> Report`, built from steps that
 return values and never edit one another's: the verdicts (within the run, then against the baseline,
 verdict.py), the other hardware class's classes applied once (hardware.py), the lm-eval metrics and their
-paired tests (scores.py), then the Report, whole. Creating a baseline, a check, a merge, a diff, a survey and
+paired tests (scores.py), then the Report, whole. A stored run is judged a window of requests at a time
+(`judge_stored`): a leaderboard-sized run never has every output in memory, and the report keeps the
+verdicts that are not stable (the stable ones are counted). Creating a baseline, a check, a merge, a diff, a survey and
 a report read back for a run judged before reports were stored all judge through it, and store what it
 returns with the run (`judge_and_store`).
 """
@@ -9,7 +11,9 @@ returns with the run (`judge_and_store`).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -24,11 +28,11 @@ from ..fingerprint import describe_changes, hardware_label
 from ..store import BASELINE_RESCORING, OWN_RESCORING, RunRecord, Store
 from ..timings import Timings
 from .adapters import describe_adapters
-from .hardware import across_hardware
+from .hardware import AcrossHardware, across_hardware, envelope, envelope_deltas, unscored_requests
 from .prompts import PromptCounts, prompts_compared
 from .report import BatchInvariance, ClassRow, Coverage, NotRun, Report, TemplateDates, Update
 from .scores import compare_scores, task_changes
-from .verdict import cache_hits, factor_summary, judge_requests
+from .verdict import CacheHits, RequestVerdict, cache_hits, factor_summary, judge_requests, passes_ran
 
 
 @dataclass(frozen=True)
@@ -47,41 +51,143 @@ class Judging:
         return self.in_scope or (self.shard.contains if self.shard else (lambda key: True))
 
 
+WINDOW = 5_000  # requests judged at a time: a stored run is read a window of requests at a time, never whole
+
+
+@dataclass(frozen=True)
+class Window:
+    """Some requests of the run being judged (all of them, for a run held whole), with the same requests of
+    the baseline and, across hardware, of the two rescorings of its tokens (None where there is none)."""
+
+    current: RunRecord
+    baseline: RunRecord | None = None
+    here: RunRecord | None = None
+    there: RunRecord | None = None
+
+
 def judge_run(current: RunRecord, baseline: RunRecord | None = None, judging: Judging = Judging(),
               store: Store | None = None) -> Report:
-    """The whole judgement of a recorded run against a baseline run (or none). With the `store` they are in,
-    the sections that read more of it too: the lm-eval metrics, the rescorings across hardware and the
-    rotating preset's coverage."""
+    """The whole judgement of a run held whole (in memory, or loaded whole) against a baseline run (or none).
+    With the `store` they are in, the sections that read more of it too: the lm-eval metrics, the rescorings
+    across hardware and the rotating preset's coverage."""
+    here, there = rescorings(store, current, baseline) if store is not None and across(current, baseline) else (None, None)
+    return judge_windows(current, baseline, [Window(current, baseline, here, there)], judging, store)
+
+
+def judge_stored(store: Store, run_id: int, baseline_run_id: int | None, judging: Judging = Judging()) -> Report:
+    """`judge_run` on two stored runs (the baseline: None for none), read `WINDOW` requests at a time."""
+    with collector_paused():
+        current = store.load(run_id, keys=[])  # the runs' rows and identities; their requests come by window
+        baseline = store.load(baseline_run_id, keys=[]) if baseline_run_id is not None else None
+        return judge_windows(current, baseline, stored_windows(store, current, baseline), judging, store)
+
+
+def stored_windows(store: Store, current: RunRecord, baseline: RunRecord | None) -> Iterator[Window]:
+    """The run's requests `WINDOW` at a time in their stored order, each window with the same requests of the
+    baseline (and across hardware of both rescorings); then the baseline's requests the run lacks."""
+    here_from, there_from = rescoring_runs(store, current, baseline) if across(current, baseline) else (None, None)
+
+    def window(keys: list[str]) -> Window:
+        def part(record: RunRecord | None, run_id: int | None = None, which: int | None = None) -> RunRecord | None:
+            if record is None or (which is not None and run_id is None):
+                return None
+            return store.load(run_id or record.id, only_pass=which, keys=keys, fingerprint=record.fingerprint)
+
+        return Window(part(current), part(baseline), part(current, here_from, BASELINE_RESCORING),
+                      part(baseline, there_from, OWN_RESCORING))
+
+    yield from (window(keys) for keys in store.request_windows(current.id, WINDOW))
+    if baseline is not None:
+        yield from (window(keys) for keys in store.request_windows(baseline.id, WINDOW, absent_from=current.id))
+
+
+@dataclass
+class Tally:
+    """What the windows of a judgement add up to: the verdicts that are not stable (a stable one is counted),
+    and what the report's sections are made of."""
+
+    verdicts: list[RequestVerdict] = field(default_factory=list)
+    stable: int = 0
+    requests: int = 0
+    varying: dict[int, list[str]] = field(default_factory=dict)  # pass index -> the keys that differ in it
+    ran: Counter = field(default_factory=Counter)  # verdict.passes_ran
+    cache: dict[int, Counter] = field(default_factory=dict)  # hot pass -> hit, missed, unknown
+    prompts: Counter = field(default_factory=Counter)  # compared, equal
+    hardware: AcrossHardware | None = None
+    deltas: list[list] = field(default_factory=list)  # per window with both rescorings: hardware.envelope_deltas
+
+    def add(self, window: Window, verdicts: list[RequestVerdict], varying: dict[int, list[str]], passes: list,
+            hardware: AcrossHardware | None) -> None:
+        self.verdicts += [v for v in verdicts if v.verdict != "stable"]
+        self.stable += sum(v.verdict == "stable" for v in verdicts)
+        self.requests += len(window.current.requests)
+        for index, keys in varying.items():
+            self.varying.setdefault(index, []).extend(keys)
+        self.ran.update(passes_ran(window.current))
+        for hits in cache_hits(window.current, passes):
+            self.cache.setdefault(hits.pass_, Counter()).update(hit=hits.hit, missed=hits.missed, unknown=hits.unknown)
+        if window.baseline is not None:
+            counts = prompts_compared(window.current, window.baseline)
+            self.prompts.update(compared=counts.compared, equal=counts.equal)
+        if hardware is not None:
+            self.hardware = hardware if self.hardware is None else replace(
+                self.hardware, counts={c: n + hardware.counts[c] for c, n in self.hardware.counts.items()},
+                compared=self.hardware.compared + hardware.compared, flips=self.hardware.flips + hardware.flips)
+            if window.here is not None and window.there is not None:
+                self.deltas.append(envelope_deltas(window.here, window.there, skip=set(unscored_requests(window.current))))
+
+    def across_hardware(self) -> AcrossHardware | None:
+        """The cross-hardware section of every window, with its envelope (None: a rescoring is missing)."""
+        if self.hardware is None:
+            return None
+        measured = [d for deltas in self.deltas for d in deltas]
+        return replace(self.hardware, envelope=envelope(measured) if self.deltas else None)
+
+
+def judge_windows(current: RunRecord, baseline: RunRecord | None, windows: Iterable[Window], judging: Judging,
+                  store: Store | None) -> Report:
+    """The judgement of a run window by window (`current` and `baseline`: the runs, whatever requests they
+    hold): each window's verdicts (verdict.py), across hardware classified (hardware.py), added up (`Tally`),
+    then the lm-eval metrics and their paired tests (scores.py), then the Report, whole."""
     policy = judging.policy or GatePolicy.recorded((current.run.schedule or {}).get("gate"))
     engine = current.fingerprint.engine
     policy = policy.for_dtype(engine.get("dtype"))  # the near-tie margin, by the dtype unless the suite sets it
     changed = fingerprint_delta(baseline.fingerprint, current.fingerprint) if baseline else []
-    decided = judge_requests(current, baseline, policy, changed, judging.scope())
-    verdicts, hardware = decided.verdicts, None
-    if baseline is not None and baseline.run.hardware_class != current.run.hardware_class:
-        here, there = rescorings(store, current, baseline) if store is not None else (None, None)
-        verdicts, hardware = across_hardware(verdicts, current, baseline, here, there, policy)
     schedule = current.run.schedule or {}
     passes = passes_of(schedule)
+    tally, pairs = Tally(), []
+    for window in windows:
+        decided = judge_requests(window.current, window.baseline, policy, changed, judging.scope())
+        verdicts, hardware, pairs = decided.verdicts, None, decided.pairs
+        if across(current, baseline):
+            verdicts, hardware = across_hardware(verdicts, window.current, window.baseline, window.here, window.there, policy)
+        tally.add(window, verdicts, decided.varying, passes, hardware)
     log = current.run.engine_log
     report = Report(
         kind=judging.kind, suite_name=current.run.suite_name, run_id=current.id,
-        baseline_run_id=baseline.id if baseline else None, verdicts=verdicts, changed_components=changed,
+        baseline_run_id=baseline.id if baseline else None, verdicts=tally.verdicts, stable=tally.stable,
+        changed_components=changed,
         batch_invariance=from_json(BatchInvariance, engine.get("batch_invariance") or {}), strict=judging.strict,
         fingerprint_changes=fingerprint_changes(baseline, current) if baseline else {},
         metrics=compare_scores(store, current.id, baseline.id if baseline else None,
-                               {v.key: v.verdict for v in verdicts}, policy.metric_alpha) if store is not None else [],
+                               {v.key: v.verdict for v in tally.verdicts}, policy.metric_alpha) if store is not None else [],
         task_changes=task_changes(baseline.fingerprint, current.fingerprint) if baseline else {},
         engine_log=log if log and os.path.isfile(log) else None,
-        factors=factor_summary(passes, decided.varying, current), cache_hits=cache_hits(current, passes),
-        baseline_pairs=decided.pairs, not_run=[from_json(NotRun, item) for item in schedule.get("not_run") or []],
+        factors=factor_summary(passes, tally.varying, tally.ran, tally.requests),
+        cache_hits=[CacheHits(index, **counts) for index, counts in tally.cache.items()],
+        baseline_pairs=pairs, not_run=[from_json(NotRun, item) for item in schedule.get("not_run") or []],
         alone_coverage=Coverage(**store.alone_coverage(current.run, schedule["rotation"], min(schedule["concurrency"])))
         if store is not None and schedule.get("preset") == ROTATING else None,
-        policy=policy, hardware=hardware, hardware_class=current.run.hardware_class,
+        policy=policy, hardware=tally.across_hardware(), hardware_class=current.run.hardware_class,
         hardware_label=hardware_label(current.fingerprint.hardware),
-        prompts=prompts_compared(current, baseline) if baseline is not None else None,
+        prompts=PromptCounts(tally.prompts["compared"], tally.prompts["equal"]) if baseline is not None else None,
         template_date=template_dates(current, baseline))
     return replace(report, promoted=promotes(report, allow_variance=judging.allow_variance, shard=judging.shard))
+
+
+def across(current: RunRecord, baseline: RunRecord | None) -> bool:
+    """Whether the run is judged against another hardware class's baseline."""
+    return baseline is not None and baseline.run.hardware_class != current.run.hardware_class
 
 
 def template_dates(current: RunRecord, baseline: RunRecord | None) -> TemplateDates | None:
@@ -107,23 +213,20 @@ def promotes(report: Report, *, allow_variance: bool = False, shard: Shard | Non
     return report.kind == "baseline" and shard is None and (allow_variance or not report.failing)
 
 
-def rescorings(store: Store, current: RunRecord, baseline: RunRecord) -> tuple[RunRecord | None, RunRecord | None]:
-    """The two rescorings of the baseline's tokens (execution/rescore.py): here (the run judged against it
-    made one) and on the baseline's own class (recorded with it). None where there is none."""
-    def loaded(run_id: int, which: int) -> RunRecord | None:
-        record = store.load(run_id, only_pass=which)
-        return record if record.digests else None
-
+def rescoring_runs(store: Store, current: RunRecord, baseline: RunRecord) -> tuple[int | None, int | None]:
+    """Which runs hold the two rescorings of the baseline's tokens (execution/rescore.py): here (the run judged
+    against it made one) and on the baseline's own class (recorded with it). None where there is none."""
     # a run being judged has no baseline_run_id yet; a stored one made its rescoring against its own baseline
-    here = loaded(current.id, BASELINE_RESCORING) if current.run.baseline_run_id in (None, baseline.id) else None
-    return here, loaded(baseline.id, OWN_RESCORING)
+    mine = current.run.baseline_run_id in (None, baseline.id)
+    here = current.id if mine and store.has_pass(current.id, BASELINE_RESCORING) else None
+    return here, baseline.id if store.has_pass(baseline.id, OWN_RESCORING) else None
 
 
-def judge_stored(store: Store, run_id: int, baseline_run_id: int | None, judging: Judging = Judging()) -> Report:
-    """`judge_run` on two stored runs (the baseline: None for none)."""
-    with collector_paused():
-        baseline = store.load(baseline_run_id) if baseline_run_id is not None else None
-        return judge_run(store.load(run_id), baseline, judging, store)
+def rescorings(store: Store, current: RunRecord, baseline: RunRecord) -> tuple[RunRecord | None, RunRecord | None]:
+    """The two rescorings of the baseline's tokens (`rescoring_runs`), read whole."""
+    here, there = rescoring_runs(store, current, baseline)
+    return (store.load(here, only_pass=BASELINE_RESCORING) if here is not None else None,
+            store.load(there, only_pass=OWN_RESCORING) if there is not None else None)
 
 
 def judge_and_store(store: Store, run_id: int, baseline_run_id: int | None, judging: Judging,
@@ -188,7 +291,7 @@ def combine(reports: list[Report]) -> Report:
     first = reports[0]
     return Report(
         kind=first.kind, suite_name=first.suite_name, run_id=first.run_id, baseline_run_id=first.baseline_run_id,
-        verdicts=[v for r in reports for v in r.verdicts],
+        verdicts=[v for r in reports for v in r.verdicts], stable=sum(r.stable for r in reports),
         changed_components=sorted({c for r in reports for c in r.changed_components}),
         batch_invariance=first.batch_invariance, strict=first.strict, policy=first.policy,
         fingerprint_changes={k: v for r in reports for k, v in r.fingerprint_changes.items()},

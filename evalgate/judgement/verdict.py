@@ -257,12 +257,15 @@ def matching_passes(baseline: list[Pass], current: list[Pass]) -> list[PassPair]
     return pairs
 
 
-def factor_summary(passes: list[Pass], varying: dict[int, list[str]], record: RunRecord) -> list[FactorRow]:
+def passes_ran(record: RunRecord) -> Counter:
+    """The passes each request ran in, counted by their set (mostly one set: every request ran in every pass)."""
+    return Counter(frozenset(row[0] for row in rows) for rows in record.digests.values())
+
+
+def factor_summary(passes: list[Pass], varying: dict[int, list[str]], ran: Counter, requests: int) -> list[FactorRow]:
     """One entry per comparison the run made: its factor, what changed, how many requests ran in both
-    passes (`compared`) and how many of those differ."""
+    passes (`compared`, from `passes_ran`) and how many of those differ (`varying`: pass index -> keys)."""
     by_index = {p.index: p for p in passes}
-    # the passes each request ran in, counted by their set (mostly one set: every request ran in every pass)
-    ran = Counter(frozenset(row[0] for row in rows) for rows in record.digests.values())
     summary = []
     for p in passes:
         if p.reference is None or p.reference not in by_index:
@@ -271,7 +274,7 @@ def factor_summary(passes: list[Pass], varying: dict[int, list[str]], record: Ru
         summary.append(FactorRow(
             p.factor, comparison_label(by_index[p.reference], p), p.reference, p.index, differing=len(keys),
             compared=sum(n for ran_in, n in ran.items() if p.index in ran_in and p.reference in ran_in),
-            requests=len(record.requests), keys=keys[:20]))
+            requests=requests, keys=keys[:20]))
     return summary
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..atomic import write_text_atomic
@@ -95,11 +96,14 @@ def prompt_properties(report: Report) -> list[tuple[str, str]]:
 
 
 def junit_xml(report: Report, *, suite_file: str | Path | None = None, duration: float | None = None,
-              timestamp: str | None = None, hostname: str | None = None) -> str:
+              timestamp: str | None = None, hostname: str | None = None,
+              requests: Iterable[tuple[str, str | None]] | None = None) -> str:
     """The report as a JUnit XML document (a str). `duration`: the run's wall time in seconds, put on the
-    testsuite (testcases are judged together, so each says 0)."""
+    testsuite (testcases are judged together, so each says 0). `requests`: every request judged, (key,
+    location) in order (`gate.judged_requests`), so the stable ones, which a report only counts, are
+    testcases too; None: the report's verdicts alone."""
     groups: OrderedDict[str, list[RequestVerdict]] = OrderedDict()
-    for v in report.verdicts:
+    for v in report.verdicts if requests is None else every_verdict(report, requests):
         path, _ = split_location(v.location)
         groups.setdefault(suite_label(path, suite_file), []).append(v)
 
@@ -164,6 +168,15 @@ def infra_error_xml(message: str, *, error_type: str = "EngineError", suite_name
     error = _sub(case, "error", message=first, type=error_type)
     error.text = _xml_safe(message.rstrip("\n") + "\n")
     return _tostring(root)
+
+
+def every_verdict(report: Report, requests: Iterable[tuple[str, str | None]]) -> Iterator[RequestVerdict]:
+    """Each request's verdict in the order of `requests` (a stable one made from its key and location), then
+    the report's verdicts of requests it does not name (missing ones)."""
+    differing = {v.key: v for v in report.verdicts}
+    for key, location in requests:
+        yield differing.pop(key, None) or RequestVerdict(key, "stable", location)
+    yield from differing.values()
 
 
 def write_junit(report: Report, path: str | Path, **kwargs) -> None:

@@ -70,11 +70,12 @@ class StoredOutputs(Mapping):
     completions are built when it is first looked up: all the run's at once, or those `prefetch` names."""
 
     def __init__(self, store: StoreBase, run_id: int, digests: dict[str, list[DigestRow]],
-                 requests: Mapping[str, Any], only_pass: int | None = None):
+                 requests: Mapping[str, Any], only_pass: int | None = None, window: list[str] | None = None):
         self.store, self.run_id, self.requests, self.only_pass = store, run_id, requests, only_pass
         self.digests = digests  # request key -> its outputs' DigestRows, in pass order
+        self.window = window  # the keys it was loaded with (None: the whole run)
         self._completions: dict[str, list[Completion]] = {}
-        self.payloads = RunPayloads(store, run_id)
+        self.payloads = RunPayloads(store, run_id, window)
 
     def __getitem__(self, key: str) -> list[Completion]:
         if key not in self.digests:
@@ -96,18 +97,20 @@ class StoredOutputs(Mapping):
         """Read these requests' completions with their payloads, in one query per `CHUNK` keys, or in one
         for the whole run when they are most of it."""
         wanted = [k for k in dict.fromkeys(keys) if k in self.digests and k not in self._completions]
-        if len(wanted) * 2 > len(self.digests):
+        if len(wanted) * 2 > len(self.digests) and self.window is None:
             self._read(None, with_payloads=True)
             return
-        for i in range(0, len(wanted), CHUNK):
-            self._read(wanted[i : i + CHUNK], with_payloads=True)
+        self._read(wanted, with_payloads=True)
 
     def _read(self, keys: list[str] | None, *, with_payloads: bool = False) -> None:
-        """Build the completions of `keys` (None: of every request not built yet), and with `with_payloads`
-        keep their payloads."""
-        built = read_completions(self.store, self.run_id, self.only_pass, keys, self.payloads,
-                                 with_payloads=with_payloads, requests=self.requests, skip=self._completions)
-        self._completions.update(built)
+        """Build the completions of `keys` (None: of every request not built yet: the run's, or the window's),
+        `CHUNK` keys a query, and with `with_payloads` keep their payloads."""
+        if keys is None and self.window is not None:
+            keys = [k for k in self.window if k in self.digests and k not in self._completions]
+        for chunk in [None] if keys is None else [keys[i : i + CHUNK] for i in range(0, len(keys), CHUNK)]:
+            self._completions.update(read_completions(
+                self.store, self.run_id, self.only_pass, chunk, self.payloads, with_payloads=with_payloads,
+                requests=self.requests, skip=self._completions))
 
 
 def read_completions(store: StoreBase, run_id: int, only_pass: int | None, keys: list[str] | None, payloads: RunPayloads,
@@ -189,21 +192,26 @@ class PassOutputs(Mapping):
 
 
 class RunPayloads:
-    """The payloads of one stored run, by hash: those read with their outputs (`StoredOutputs.prefetch`);
-    the first one wanted that was not reads all of the run's."""
+    """The payloads of one stored run (or of a `window` of its requests), by hash: those read with their
+    outputs (`StoredOutputs.prefetch`); the first one wanted that was not reads all of the run's (the window's)."""
 
-    def __init__(self, store: StoreBase, run_id: int):
-        self.store, self.run_id = store, run_id
+    def __init__(self, store: StoreBase, run_id: int, window: list[str] | None = None):
+        self.store, self.run_id, self.window = store, run_id, window
         self.blobs: dict[str, bytes] = {}
         self._all = False
 
     def __call__(self, payload_hash: str) -> bytes:
         if payload_hash not in self.blobs and not self._all:
             mark = self.store.placeholders(1)
+            sql = ("SELECT DISTINCT payloads.hash, payloads.data FROM payloads JOIN outputs ON "
+                   f"outputs.payload_hash = payloads.hash WHERE outputs.run_id = {mark}")
+            window = self.window
+            chunks = [None] if window is None else [window[i : i + CHUNK] for i in range(0, len(window), CHUNK)]
             with self.store.session() as s:
-                self.blobs.update((h, bytes(data)) for h, data in self.store.select_rows(
-                    s, "SELECT DISTINCT payloads.hash, payloads.data FROM payloads JOIN outputs ON "
-                       f"outputs.payload_hash = payloads.hash WHERE outputs.run_id = {mark}", (self.run_id,)))
+                for chunk in chunks:
+                    among = "" if chunk is None else f" AND outputs.request_key IN ({self.store.placeholders(len(chunk))})"
+                    self.blobs.update((h, bytes(data)) for h, data in self.store.select_rows(
+                        s, sql + among, (self.run_id, *(chunk or ()))))
             self._all = True
         return self.blobs[payload_hash]
 
@@ -236,10 +244,11 @@ class StoredRequest:
 
 
 class RequestDetails:
-    """The prompt, sampling and rendering of a stored run's requests, read once when first wanted."""
+    """The prompt, sampling and rendering of a stored run's requests (or of a `window` of them), read once
+    when first wanted."""
 
-    def __init__(self, store: StoreBase, run_id: int):
-        self.store, self.run_id = store, run_id
+    def __init__(self, store: StoreBase, run_id: int, window: list[str] | None = None):
+        self.store, self.run_id, self.window = store, run_id, window
         self._rows: dict[str, tuple] | None = None
 
     def __call__(self, key: str) -> tuple:
@@ -247,17 +256,22 @@ class RequestDetails:
             requests = Request.__table__
             q = select(requests.c.key, requests.c.prompt, requests.c.sampling,
                        requests.c.rendered).where(requests.c.run_id == self.run_id)
+            window = self.window
+            queries = [q] if window is None else [q.where(requests.c.key.in_(window[i : i + CHUNK]))
+                                                 for i in range(0, len(window), CHUNK)]
+            self._rows = {}
             with self.store.session() as s:
-                self._rows = {key: (prompt, sampling, rendered) for key, prompt, sampling, rendered in s.execute(q)}
+                for query in queries:
+                    self._rows.update((k, (prompt, sampling, rendered)) for k, prompt, sampling, rendered in s.execute(query))
         return self._rows[key]
 
 
-def load_run(store: StoreBase, run, fingerprint: dict, only_pass: int | None = None,
+def load_run(store: StoreBase, run, fingerprint: dict | RunFingerprint, only_pass: int | None = None,
              keys: list[str] | None = None) -> RunRecord:
     """A stored run for comparison: its requests and every output's digest, in two plain queries. Its
     passes; or, with `only_pass`, that pass alone (a rescoring: OWN_RESCORING, BASELINE_RESCORING). With
     `keys`, those requests only (`CHUNK` a query): what a page of a report reads of a large run."""
-    details = RequestDetails(store, run.id)
+    details = RequestDetails(store, run.id, keys)
     mark = store.placeholders(1)
     which = "pass_index >= 0" if only_pass is None else f"pass_index = {int(only_pass)}"
     chunks = [None] if keys is None else [keys[i : i + CHUNK] for i in range(0, len(keys), CHUNK)]
@@ -286,4 +300,4 @@ def load_run(store: StoreBase, run, fingerprint: dict, only_pass: int | None = N
                         digest = outputs[-1][1]
                 outputs.append((pass_index, digest, cached, key))
     return RunRecord(run=run, fingerprint=fingerprint, requests=requests,
-                     outputs=StoredOutputs(store, run.id, digests, requests, only_pass))
+                     outputs=StoredOutputs(store, run.id, digests, requests, only_pass, keys))

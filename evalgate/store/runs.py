@@ -69,12 +69,11 @@ class RunStore(StoreBase):
 
         # the suite component holds every request's hash already: hashing 5,000 prompts again costs 0.1 s
         hashes = RunFingerprint(fingerprint).request_hashes
-        locations = suite.locations
 
         def request_rows(run_id: int) -> Iterator[tuple]:
             for p in suite.prompts:
                 yield (run_id, p.key, hashes.get(p.key) or suite.request_hash(p), p.text, pack_ids(prompt_ids[p.key]),
-                       suite.sampling_for(p), locations.get(p.key), p.request_type, (rendered or {}).get(p.key))
+                       suite.sampling_for(p), suite.location_of(p), p.request_type, (rendered or {}).get(p.key))
 
         def write(s: Session) -> int:
             self.add_fingerprint(s, fp_hash, fingerprint)
@@ -101,10 +100,9 @@ class RunStore(StoreBase):
             raise ConfigError(f"{suite.path}: [suite].name is {len(suite.name)} characters; {self.url} holds at most "
                               f"{limit} (and no NUL characters)", fix="use a shorter suite name")
         limit = Request.__table__.c.key.type.length
-        locations = suite.locations
         for p in suite.prompts:
             if len(p.key) > limit or "\x00" in p.key:
-                raise ConfigError(f"{locations.get(p.key) or suite.path}: prompt id is {len(p.key)} characters; "
+                raise ConfigError(f"{suite.location_of(p)}: prompt id is {len(p.key)} characters; "
                                   f"{self.url} holds at most {limit} (and no NUL characters)",
                                   fix="use shorter prompt ids")
 
@@ -313,12 +311,44 @@ class RunStore(StoreBase):
         """One stored pass of a run by request key, read a window at a time in `order` (store/loaded.py)."""
         return PassOutputs(self, run_id, pass_index, order)
 
-    def load(self, run_id: int, only_pass: int | None = None, keys: list[str] | None = None) -> RunRecord:
+    def load(self, run_id: int, only_pass: int | None = None, keys: list[str] | None = None,
+             fingerprint: RunFingerprint | None = None) -> RunRecord:
         """A run for comparison (store/loaded.py): its requests and every output's digest at once; its
         completions and their payloads when a comparison needs tokens, that is when digests differ.
         `only_pass`: that pass alone, e.g. one of the run's rescorings (OWN_RESCORING, BASELINE_RESCORING).
-        `keys`: those requests alone."""
+        `keys`: those requests alone (`[]`: the run's row and identity). `fingerprint`: the run's, already
+        read (a large suite's lists every request: a window of the run does not read it again)."""
         run = self.get_run(run_id)
+        if fingerprint is None:
+            with self.session() as s:
+                fp = s.get(Fingerprint, run.fingerprint_hash)
+            fingerprint = RunFingerprint(fp.components if fp else {})
+        return load_run(self, run, fingerprint, only_pass, keys)
+
+    def request_windows(self, run_id: int, size: int, absent_from: int | None = None) -> Iterator[list[str]]:
+        """The run's request keys, `size` at a time in their stored order; with `absent_from`, only those that
+        run lacks."""
+        marks = self.placeholders(3).split(", ")
+        lacking = f" AND key NOT IN (SELECT key FROM requests WHERE run_id = {marks[2]})" if absent_from is not None else ""
+        last = 0
+        while True:
+            with self.session() as s:
+                rows = self.select_rows(s, f"SELECT id, key FROM requests WHERE run_id = {marks[0]} AND id > {marks[1]}"
+                                           f"{lacking} ORDER BY id LIMIT {int(size)}",
+                                        (run_id, last) + ((absent_from,) if absent_from is not None else ()))
+            if not rows:
+                return
+            yield [key for _, key in rows]
+            last = rows[-1][0]
+
+    def request_locations(self, run_id: int) -> Iterator[tuple[str, str | None]]:
+        """Each request of the run, (key, location) in stored order, read a batch at a time."""
         with self.session() as s:
-            fp = s.get(Fingerprint, run.fingerprint_hash)
-        return load_run(self, run, fp.components if fp else {}, only_pass, keys)
+            yield from self.iter_rows(s, f"SELECT key, location FROM requests WHERE run_id = {self.placeholders(1)} "
+                                         "ORDER BY id", (run_id,))
+
+    def has_pass(self, run_id: int, pass_index: int) -> bool:
+        """Whether the run stored any output of this pass (a rescoring: OWN_RESCORING, BASELINE_RESCORING)."""
+        with self.session() as s:
+            return s.scalar(select(Output.id).where(Output.run_id == run_id, Output.pass_index == pass_index)
+                            .limit(1)) is not None

@@ -123,7 +123,7 @@ def fingerprint() -> dict:
 
 
 def write_suite(tmp_path, keys):
-    (tmp_path / "model").mkdir(exist_ok=True)
+    (tmp_path / "model").mkdir(parents=True, exist_ok=True)
     (tmp_path / "model" / "config.json").write_text("{}")
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"id": k, "prompt": f"p {k}"}) + "\n" for k in keys))
     (tmp_path / "evalgate.toml").write_text('[suite]\nname = "unit"\n[engine]\nmodel = "model"\n'
@@ -211,12 +211,43 @@ def test_stored_runs_get_the_verdicts_and_divergences_of_in_memory_ones(tmp_path
     got = {v.key: to_json(v) for v in stored.verdicts}
     want = {v.key: to_json(v) for v in memory.verdicts}
     assert got == want
-    assert {k: v["verdict"] for k, v in got.items()} == {
-        "same": "stable", "logprob": "silent_regression", "longer": "silent_regression",
-        "token": "silent_regression", "varies": "batch_variance"}
+    assert {k: v["verdict"] for k, v in got.items()} == {  # "same" is stable: counted, not listed
+        "logprob": "silent_regression", "longer": "silent_regression", "token": "silent_regression",
+        "varies": "batch_variance"}
+    assert stored.counts == memory.counts and stored.counts["stable"] == 1
     assert got["logprob"]["divergence"]["kind"] == "logprob" and got["logprob"]["divergence"]["position"] == 1
     assert got["longer"]["divergence"]["kind"] == "length" and got["longer"]["divergence"]["position"] == 3
     assert got["varies"]["divergence"]["position"] == 2 and got["varies"]["factor"] == "batch_size"
+
+
+def test_a_stored_run_judged_a_window_at_a_time_gets_the_report_of_one_read_whole(tmp_path, monkeypatch):
+    """`judge_stored` reads WINDOW requests at a time (here 2), the baseline's requests the run lacks last: the
+    report equals the one judged over both runs read whole, and no read holds more than a window."""
+    from evalgate.judgement import judging
+
+    base, check = differing_variants()
+    base["gone"], check["added"] = steady(6), steady(7)  # missing from the check, new in it
+    store = Store(f"sqlite:///{tmp_path / 'e.sqlite'}")
+    base_id = store_run(store, write_suite(tmp_path / "b", list(base)), base, "baseline")
+    check_id = store_run(store, write_suite(tmp_path / "c", list(check)), check)
+    whole = judge_run(store.load(check_id), store.load(base_id), judging.Judging(), store)
+    read, load = [], store.load
+
+    def counted(run_id, only_pass=None, keys=None, fingerprint=None):
+        record = load(run_id, only_pass, keys, fingerprint)
+        read.append(len(record.requests) if keys is not None else None)
+        return record
+
+    monkeypatch.setattr(judging, "WINDOW", 2)
+    monkeypatch.setattr(store, "load", counted)
+    windowed = judging.judge_stored(store, check_id, base_id)
+    assert windowed.to_dict() == whole.to_dict()
+    assert {v.key: v.verdict for v in windowed.verdicts} == {
+        "logprob": "silent_regression", "longer": "silent_regression", "token": "silent_regression",
+        "varies": "batch_variance", "added": "new", "gone": "missing"}
+    assert windowed.counts["stable"] == 1 and windowed.factors[0].compared == 6
+    # the two runs' identities, then each window of the check's 6 requests and the baseline's one left: <= 2 each
+    assert read[:2] == [0, 0] and None not in read and max(read) == 2 and sum(read[2:]) == 6 + 5 + 1
 
 
 # --- databases written before payloads (schema 0008) -----------------------------------------------------

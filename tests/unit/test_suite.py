@@ -76,7 +76,7 @@ def test_load_valid_suite(tmp_path):
         ("greet", "Hello", None, 1), ("7", "Bonjour ✓", 3, 2)]
     assert suite.sampling_for(suite.prompts[1])["max_tokens"] == 3
     assert suite.schedule == Schedule(concurrency=(1, 4), shuffles=2, repeats=1, seed=9)
-    assert suite.locations == {"greet": f"{tmp_path / 'prompts.jsonl'}:1", "7": f"{tmp_path / 'prompts.jsonl'}:2"}
+    assert [suite.location_of(p) for p in suite.prompts] == [f"{tmp_path / 'prompts.jsonl'}:1", f"{tmp_path / 'prompts.jsonl'}:2"]
     assert suite.database == f"sqlite:///{tmp_path / 'db' / 'evalgate.sqlite'}"
     assert set(suite.identity()["requests"]) == {"greet", "7"}
 
