@@ -109,7 +109,9 @@ class FakeEngine(Engine):
         other_class = bool(hardware_component()["data"].get("dispatch"))
         self.hardware = {name: set(suite.engine_args.get(f"fake_hardware_{name}", [])) if other_class else set()
                          for name in ("drift", "near_tie", "confident")}
-        self._cache: set[tuple[str | None, str]] = set()  # (salt, request key) served since the last reset
+        # salt -> the request keys served under it since the last reset (the suite's own key strings: a
+        # leaderboard-sized run serves every request under several salts)
+        self._cache: dict[str | None, set[str]] = {}
         self.delay = suite.engine_args["fake_seconds_per_wave"]
         self._limit = int(suite.engine_args.get("max_model_len", DEFAULT_MAX_MODEL_LEN))
         tokenizer_dir = suite.tokenizer or suite.model
@@ -171,8 +173,9 @@ class FakeEngine(Engine):
 
     def cache_hit(self, key: str, cache_salt: str | None) -> bool:
         """Whether the request is served from the cache (it ran under this salt since the last reset)."""
-        hit = (cache_salt, key) in self._cache
-        self._cache.add((cache_salt, key))
+        served = self._cache.setdefault(cache_salt, set())
+        hit = key in served
+        served.add(key)
         return hit
 
     def step_session(self) -> FakeSteps:

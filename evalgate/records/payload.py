@@ -50,8 +50,9 @@ class EncodedPass:
     payload_hashes: list[str]
     payloads: dict[str, bytes]  # payload hash -> blob
     repeats: int  # outputs equal to the same request's output in the previous pass: neither hashed nor encoded
-    # request key -> (its latest output's signature, digest, payload hash), in this pass or before: for the next
-    seen: dict[str, tuple] = field(repr=False, default_factory=dict)
+    # request key -> its latest output's signature, digest and payload hash (32 bytes each, one bytes object: a
+    # leaderboard-sized run keeps one per request), in this pass or before: for the next
+    seen: dict[str, bytes] = field(repr=False, default_factory=dict)
 
 
 def signature(c: Completion) -> bytes:
@@ -88,9 +89,9 @@ def encode_pass(completions: list[Completion], previous: EncodedPass | None = No
     for i, c in enumerate(completions):
         mine = signature(c)
         before = previous.seen.get(c.key) if previous is not None else None
-        if before is not None and before[0] == mine:
-            encoded.digests[i], encoded.payload_hashes[i] = before[1], before[2]
-            c._digest = before[1]
+        if before is not None and before[:32] == mine:
+            encoded.digests[i], encoded.payload_hashes[i] = before[32:64].hex(), before[64:].hex()
+            c._digest = encoded.digests[i]
         else:
             fresh.append(i)
         encoded.seen[c.key] = (mine, i)
@@ -99,7 +100,8 @@ def encode_pass(completions: list[Completion], previous: EncodedPass | None = No
         _encode_fresh([completions[i] for i in fresh], fresh, encoded)
     # a request this pass left out (a rotating or probe pass covers some requests) keeps its earlier output
     encoded.seen = {**(previous.seen if previous is not None else {}),
-                    **{key: (mine, encoded.digests[i], encoded.payload_hashes[i]) for key, (mine, i) in encoded.seen.items()}}
+                    **{key: mine + bytes.fromhex(encoded.digests[i]) + bytes.fromhex(encoded.payload_hashes[i])
+                       for key, (mine, i) in encoded.seen.items()}}
     return encoded
 
 

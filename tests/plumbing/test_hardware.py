@@ -82,6 +82,26 @@ def test_drift_and_a_near_tie_pass_across_hardware_then_adoption_judges_like_wit
     assert again["baseline_run_id"] == 2 and again["hardware"] is None and again["counts"]["stable"] == 6
 
 
+def test_a_check_across_hardware_judged_a_window_at_a_time_is_judged_as_one_read_whole(
+        inline_cli, tmp_path, fake_model, monkeypatch):
+    """The cross-hardware section (counts, flips, the envelope over every request) adds up over windows of
+    one request to the section of both runs and both rescorings read whole."""
+    from evalgate.judgement import judging
+    from evalgate.store import open_store
+
+    suite = suite_with(tmp_path, fake_model, 'fake_hardware_drift = ["p000"]\nfake_hardware_near_tie = ["p001"]')
+    inline_cli("baseline", "create", suite, check=0)
+    monkeypatch.setenv(*OTHER_CLASS)
+    inline_cli("check", suite, check=0)
+    store = open_store(database_url(suite))
+    whole = judging.judge_run(store.load(2), store.load(1), judging.Judging(), store)
+    monkeypatch.setattr(judging, "WINDOW", 1)
+    windowed = judging.judge_stored(store, 2, 1)
+    assert windowed.to_dict() == whole.to_dict()
+    assert windowed.hardware.counts == {"identical": 4, "drift": 1, "near_tie": 1, "confident": 0}
+    assert windowed.hardware.envelope["requests"] == 6 and len(windowed.hardware.flips) == 1
+
+
 def test_check_adopt_returns_and_stores_the_adopted_report(inline_cli, tmp_path, fake_model, monkeypatch):
     """`check --adopt` with no confident flip: the check becomes its class's baseline, and the report it writes
     is the stored one, adoption included (the same bytes `evalgate report` reads back)."""
