@@ -20,7 +20,7 @@ from typing import Callable
 from ..codec import from_json, to_json
 from ..collector import collector_paused
 from ..configuration.policy import GatePolicy
-from ..configuration.schedule import ROTATING, passes_of
+from ..configuration.schedule import HOT, ROTATING, passes_of
 from ..configuration.shard import Shard
 from ..errors import ConfigError
 from ..fingerprint import delta as fingerprint_delta
@@ -32,7 +32,7 @@ from .hardware import AcrossHardware, across_hardware, envelope, envelope_deltas
 from .prompts import PromptCounts, prompts_compared
 from .report import BatchInvariance, ClassRow, Coverage, NotRun, Report, TemplateDates, Update
 from .scores import compare_scores, task_changes
-from .verdict import CacheHits, RequestVerdict, cache_hits, factor_summary, judge_requests, passes_ran
+from .verdict import CacheHits, RequestVerdict, cache_hits, factor_summary, judge_requests, matching_passes, passes_ran
 
 
 @dataclass(frozen=True)
@@ -88,13 +88,13 @@ def stored_windows(store: Store, current: RunRecord, baseline: RunRecord | None)
     here_from, there_from = rescoring_runs(store, current, baseline) if across(current, baseline) else (None, None)
 
     def window(keys: list[str]) -> Window:
-        def part(record: RunRecord | None, run_id: int | None = None, which: int | None = None) -> RunRecord | None:
-            if record is None or (which is not None and run_id is None):
-                return None
-            return store.load(run_id or record.id, only_pass=which, keys=keys, fingerprint=record.fingerprint)
+        def read(record: RunRecord | None, run_id: int | None, which: int | None = None) -> RunRecord | None:
+            if record is None or run_id is None:
+                return None  # the identity read once (`record`'s): a large suite's lists every request
+            return store.load(run_id, only_pass=which, keys=keys, fingerprint=record.fingerprint)
 
-        return Window(part(current), part(baseline), part(current, here_from, BASELINE_RESCORING),
-                      part(baseline, there_from, OWN_RESCORING))
+        return Window(read(current, current.id), read(baseline, baseline and baseline.id),
+                      read(current, here_from, BASELINE_RESCORING), read(baseline, there_from, OWN_RESCORING))
 
     yield from (window(keys) for keys in store.request_windows(current.id, WINDOW))
     if baseline is not None:
@@ -155,10 +155,10 @@ def judge_windows(current: RunRecord, baseline: RunRecord | None, windows: Itera
     changed = fingerprint_delta(baseline.fingerprint, current.fingerprint) if baseline else []
     schedule = current.run.schedule or {}
     passes = passes_of(schedule)
-    tally, pairs = Tally(), []
+    tally = Tally(cache={p.index: Counter() for p in passes if p.cache == HOT})
     for window in windows:
         decided = judge_requests(window.current, window.baseline, policy, changed, judging.scope())
-        verdicts, hardware, pairs = decided.verdicts, None, decided.pairs
+        verdicts, hardware = decided.verdicts, None
         if across(current, baseline):
             verdicts, hardware = across_hardware(verdicts, window.current, window.baseline, window.here, window.there, policy)
         tally.add(window, verdicts, decided.varying, passes, hardware)
@@ -175,7 +175,8 @@ def judge_windows(current: RunRecord, baseline: RunRecord | None, windows: Itera
         engine_log=log if log and os.path.isfile(log) else None,
         factors=factor_summary(passes, tally.varying, tally.ran, tally.requests),
         cache_hits=[CacheHits(index, **counts) for index, counts in tally.cache.items()],
-        baseline_pairs=pairs, not_run=[from_json(NotRun, item) for item in schedule.get("not_run") or []],
+        baseline_pairs=matching_passes(passes_of(baseline.run.schedule), passes) if baseline else [],
+        not_run=[from_json(NotRun, item) for item in schedule.get("not_run") or []],
         alone_coverage=Coverage(**store.alone_coverage(current.run, schedule["rotation"], min(schedule["concurrency"])))
         if store is not None and schedule.get("preset") == ROTATING else None,
         policy=policy, hardware=tally.across_hardware(), hardware_class=current.run.hardware_class,

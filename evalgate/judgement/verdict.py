@@ -102,12 +102,11 @@ class RequestVerdict:
 
 @dataclass(frozen=True)
 class Decided:
-    """Every request's verdict, decided once (`judge_requests`), with what the run's sections are made of:
-    the keys that differ per pass (pass index -> keys) and the baseline passes paired with this run's."""
+    """Every request's verdict, decided once (`judge_requests`), with the keys that differ per pass (pass
+    index -> keys), what the run's comparisons section counts."""
 
     verdicts: list[RequestVerdict]
     varying: dict[int, list[str]]
-    pairs: list[PassPair]
 
 
 def judge_requests(current: RunRecord, baseline: RunRecord | None, policy: GatePolicy, changed: list[str],
@@ -154,7 +153,7 @@ def judge_requests(current: RunRecord, baseline: RunRecord | None, policy: GateP
     adapters = {**(baseline.fingerprint.request_adapters if baseline else {}), **current.fingerprint.request_adapters}
     if adapters:
         verdicts = [replace(v, adapter=adapters.get(v.key)) for v in verdicts]
-    return Decided(verdicts, varying, pairs)
+    return Decided(verdicts, varying)
 
 
 def variance_verdict(key: str, location: str | None, disagreement, completions: list, comparisons: Comparisons,
