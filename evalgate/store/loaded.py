@@ -107,10 +107,15 @@ class StoredOutputs(Mapping):
         `CHUNK` keys a query, and with `with_payloads` keep their payloads."""
         if keys is None and self.window is not None:
             keys = [k for k in self.window if k in self.digests and k not in self._completions]
-        for chunk in [None] if keys is None else [keys[i : i + CHUNK] for i in range(0, len(keys), CHUNK)]:
+        for chunk in chunked(keys):
             self._completions.update(read_completions(
                 self.store, self.run_id, self.only_pass, chunk, self.payloads, with_payloads=with_payloads,
                 requests=self.requests, skip=self._completions))
+
+
+def chunked(keys: list[str] | None) -> list[list[str] | None]:
+    """`keys` `CHUNK` at a time, one IN (...) query each; None (every request) stays one query."""
+    return [None] if keys is None else [keys[i : i + CHUNK] for i in range(0, len(keys), CHUNK)]
 
 
 def read_completions(store: StoreBase, run_id: int, only_pass: int | None, keys: list[str] | None, payloads: RunPayloads,
@@ -205,10 +210,8 @@ class RunPayloads:
             mark = self.store.placeholders(1)
             sql = ("SELECT DISTINCT payloads.hash, payloads.data FROM payloads JOIN outputs ON "
                    f"outputs.payload_hash = payloads.hash WHERE outputs.run_id = {mark}")
-            window = self.window
-            chunks = [None] if window is None else [window[i : i + CHUNK] for i in range(0, len(window), CHUNK)]
             with self.store.session() as s:
-                for chunk in chunks:
+                for chunk in chunked(self.window):
                     among = "" if chunk is None else f" AND outputs.request_key IN ({self.store.placeholders(len(chunk))})"
                     self.blobs.update((h, bytes(data)) for h, data in self.store.select_rows(
                         s, sql + among, (self.run_id, *(chunk or ()))))
@@ -256,12 +259,10 @@ class RequestDetails:
             requests = Request.__table__
             q = select(requests.c.key, requests.c.prompt, requests.c.sampling,
                        requests.c.rendered).where(requests.c.run_id == self.run_id)
-            window = self.window
-            queries = [q] if window is None else [q.where(requests.c.key.in_(window[i : i + CHUNK]))
-                                                 for i in range(0, len(window), CHUNK)]
             self._rows = {}
             with self.store.session() as s:
-                for query in queries:
+                for chunk in chunked(self.window):
+                    query = q if chunk is None else q.where(requests.c.key.in_(chunk))
                     self._rows.update((k, (prompt, sampling, rendered)) for k, prompt, sampling, rendered in s.execute(query))
         return self._rows[key]
 
@@ -274,11 +275,10 @@ def load_run(store: StoreBase, run, fingerprint: dict | RunFingerprint, only_pas
     details = RequestDetails(store, run.id, keys)
     mark = store.placeholders(1)
     which = "pass_index >= 0" if only_pass is None else f"pass_index = {int(only_pass)}"
-    chunks = [None] if keys is None else [keys[i : i + CHUNK] for i in range(0, len(keys), CHUNK)]
     requests: dict[str, StoredRequest] = {}
     digests: dict[str, list[DigestRow]] = {}
     with store.session() as s:
-        for chunk in chunks:
+        for chunk in chunked(keys):
             among = "" if chunk is None else f" AND {{column}} IN ({store.placeholders(len(chunk))})"
             params = (run.id,) if chunk is None else (run.id, *chunk)
             for key, request_hash, location, request_type, ids in store.iter_rows(
