@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -172,11 +172,15 @@ def infra_error_xml(message: str, *, error_type: str = "EngineError", suite_name
 
 def every_verdict(report: Report, requests: Iterable[tuple[str, str | None]]) -> Iterator[RequestVerdict]:
     """Each request's verdict in the order of `requests` (a stable one made from its key and location), then
-    the report's verdicts of requests it does not name (missing ones)."""
-    differing = {v.key: v for v in report.verdicts}
+    the report's verdicts of requests it does not name (missing ones). A key may come once per hardware class
+    of a merged report: each of its verdicts is used once, in order."""
+    differing: dict[str, deque[RequestVerdict]] = {}
+    for v in report.verdicts:
+        differing.setdefault(v.key, deque()).append(v)
     for key, location in requests:
-        yield differing.pop(key, None) or RequestVerdict(key, "stable", location)
-    yield from differing.values()
+        found = differing.get(key)
+        yield found.popleft() if found else RequestVerdict(key, "stable", location)
+    yield from (v for left in differing.values() for v in left)
 
 
 def write_junit(report: Report, path: str | Path, **kwargs) -> None:

@@ -257,6 +257,21 @@ def test_junit_one_testsuite_per_prompts_file_and_illegal_xml_characters():
     assert [c.get("name") for c in root.iter("testcase")] == ["a\\x01b", "b"]
 
 
+def test_junit_lists_every_judged_request_with_the_stable_ones_the_report_only_counts():
+    """`requests` (gate.judged_requests: every judged request from the store) makes the stable ones testcases;
+    a key judged on two hardware classes (a merged report) keeps both verdicts; missing ones come last."""
+    bad = RequestVerdict("k", "silent_regression", "/w/p.jsonl:2")
+    report = Report(kind="check", suite_name="s", run_id=2, baseline_run_id=1, changed_components=[], stable=3,
+                    verdicts=[bad, replace(bad, verdict="batch_variance"), RequestVerdict("gone", "missing", "/w/p.jsonl:3")])
+    rows = [("a", "/w/p.jsonl:1"), ("k", "/w/p.jsonl:2"), ("a", "/w/p.jsonl:1"), ("k", "/w/p.jsonl:2")]  # two classes
+    root = ET.fromstring(junit_xml(report, suite_file="/w/evalgate.toml", requests=iter(rows)))
+    cases = list(root.iter("testcase"))
+    assert [c.get("name") for c in cases] == ["a", "k", "a", "k", "gone"]
+    assert [c.find("failure").get("type") if c.find("failure") is not None else None for c in cases] == [
+        None, "silent_regression", None, "batch_variance", None]  # missing fails only under strict
+    assert root.find("testsuite").get("tests") == "5" and root.find("testsuite").get("failures") == "2"
+
+
 def test_infra_error_junit_is_one_error():
     root = ET.fromstring(infra_error_xml("engine died: <signal 9> & more\n  fix: rerun", error_type="EngineError",
                                          suite_name="smoke", duration=3.25))
