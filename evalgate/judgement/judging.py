@@ -114,7 +114,8 @@ class Tally:
     cache: dict[int, Counter] = field(default_factory=dict)  # hot pass -> hit, missed, unknown
     prompts: Counter = field(default_factory=Counter)  # compared, equal
     hardware: AcrossHardware | None = None
-    deltas: list[list] = field(default_factory=list)  # per window with both rescorings: hardware.envelope_deltas
+    deltas: list = field(default_factory=list)  # hardware.envelope_deltas of every window with both rescorings
+    measured: bool = False  # some window had both rescorings: the envelope is measured
 
     def add(self, window: Window, verdicts: list[RequestVerdict], varying: dict[int, list[str]], passes: list,
             hardware: AcrossHardware | None) -> None:
@@ -134,14 +135,14 @@ class Tally:
                 self.hardware, counts={c: n + hardware.counts[c] for c, n in self.hardware.counts.items()},
                 compared=self.hardware.compared + hardware.compared, flips=self.hardware.flips + hardware.flips)
             if window.here is not None and window.there is not None:
-                self.deltas.append(envelope_deltas(window.here, window.there, skip=set(unscored_requests(window.current))))
+                self.deltas += envelope_deltas(window.here, window.there, skip=set(unscored_requests(window.current)))
+                self.measured = True
 
     def across_hardware(self) -> AcrossHardware | None:
         """The cross-hardware section of every window, with its envelope (None: a rescoring is missing)."""
         if self.hardware is None:
             return None
-        measured = [d for deltas in self.deltas for d in deltas]
-        return replace(self.hardware, envelope=envelope(measured) if self.deltas else None)
+        return replace(self.hardware, envelope=envelope(self.deltas) if self.measured else None)
 
 
 def judge_windows(current: RunRecord, baseline: RunRecord | None, windows: Iterable[Window], judging: Judging,

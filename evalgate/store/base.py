@@ -18,6 +18,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..errors import StoreError
 from .db import display_url, make_engine, migrate
 
+CHUNK = 500  # keys per IN (...) query
+
+
+def chunked(keys: list | None) -> list[list | None]:
+    """`keys` `CHUNK` at a time, one IN (...) query each; None (every row) stays one query."""
+    return [None] if keys is None else [keys[i : i + CHUNK] for i in range(0, len(keys), CHUNK)]
+
 
 def _upsert_insert(dialect: str):
     """The dialect's INSERT that supports ON CONFLICT, or None (then a read-then-write fallback)."""
@@ -92,8 +99,8 @@ class StoreBase:
         if new_only is not None and rows:
             at, column = columns.index(new_only), table.c[new_only]
             keys, stored = [row[at] for row in rows], set()
-            for i in range(0, len(keys), 500):
-                stored.update(s.scalars(select(column).where(column.in_(keys[i : i + 500]))))
+            for chunk in chunked(keys):
+                stored.update(s.scalars(select(column).where(column.in_(chunk))))
             rows = [row for row in rows if row[at] not in stored]
         if not rows:
             return

@@ -19,12 +19,12 @@ from sqlalchemy import select
 
 from ..fingerprint import RunFingerprint
 from ..records import Completion, StoredCompletion
+from .base import CHUNK, chunked
 from .models import Request
 
 if TYPE_CHECKING:
     from .base import StoreBase
 
-CHUNK = 500  # keys or hashes per IN (...) query
 # Rescorings (execution/rescore.py) are stored with their run as outputs of passes no schedule has: the run's
 # own first-pass tokens rescored on its class, and (a check judged across hardware) its baseline's tokens
 # rescored on this one. `load_run` reads the schedule's passes only, unless it is asked for one of these.
@@ -111,11 +111,6 @@ class StoredOutputs(Mapping):
             self._completions.update(read_completions(
                 self.store, self.run_id, self.only_pass, chunk, self.payloads, with_payloads=with_payloads,
                 requests=self.requests, skip=self._completions))
-
-
-def chunked(keys: list[str] | None) -> list[list[str] | None]:
-    """`keys` `CHUNK` at a time, one IN (...) query each; None (every request) stays one query."""
-    return [None] if keys is None else [keys[i : i + CHUNK] for i in range(0, len(keys), CHUNK)]
 
 
 def read_completions(store: StoreBase, run_id: int, only_pass: int | None, keys: list[str] | None, payloads: RunPayloads,
