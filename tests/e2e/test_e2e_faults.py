@@ -89,7 +89,10 @@ def assert_baseline_intact(cli, suite, db):
 
 def test_engine_killed_mid_run(cli, vllm_baselined):
     suite, db = vllm_baselined
-    proc = cli.popen("check", suite)
+    # four repeats of the 48 waves: a pass of this tiny model takes under 2 s, so one alone could end before the
+    # kill lands on a busy machine (the run finished and the check passed)
+    longer = ("--repeats", "4")
+    proc = cli.popen("check", suite, *longer)
     wait_for_running_run(db, proc)
     os.kill(engine_child(proc.pid), signal.SIGKILL)
     out, err = proc.communicate(timeout=180)
@@ -100,7 +103,7 @@ def test_engine_killed_mid_run(cli, vllm_baselined):
     assert_baseline_intact(cli, suite, db)
     cli("baseline", "accept", "2", "--suite", suite, check=2)  # never promotable
     # the failed run goes on in a new engine (tests/e2e/test_e2e_resume.py compares a resumed run's outputs)
-    resumed = cli("check", suite, "--resume")
+    resumed = cli("check", suite, "--resume", *longer)
     assert resumed.returncode in (0, 1), resumed.stderr[-3000:]
     assert rows(db, "select id, status from runs") == [(1, "complete"), (2, "complete")]
 
