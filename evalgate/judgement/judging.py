@@ -220,8 +220,8 @@ def rescoring_runs(store: Store, current: RunRecord, baseline: RunRecord) -> tup
     against it made one) and on the baseline's own class (recorded with it). None where there is none."""
     # a run being judged has no baseline_run_id yet; a stored one made its rescoring against its own baseline
     mine = current.run.baseline_run_id in (None, baseline.id)
-    here = current.id if mine and store.has_pass(current.id, BASELINE_RESCORING) else None
-    return here, baseline.id if store.has_pass(baseline.id, OWN_RESCORING) else None
+    here = current.id if mine and store.has_outputs(current.id, BASELINE_RESCORING) else None
+    return here, baseline.id if store.has_outputs(baseline.id, OWN_RESCORING) else None
 
 
 def rescorings(store: Store, current: RunRecord, baseline: RunRecord) -> tuple[RunRecord | None, RunRecord | None]:

@@ -297,11 +297,15 @@ class RunStore(StoreBase):
                                                                               Output.pass_index >= 0))
         return requests, outputs
 
-    def has_outputs(self, run_id: int) -> bool:
-        """Whether the run stored any output (it got past engine start). Raises for a missing run."""
+    def has_outputs(self, run_id: int, pass_index: int | None = None) -> bool:
+        """Whether the run stored any output (it got past engine start), or any of this pass (a rescoring:
+        OWN_RESCORING, BASELINE_RESCORING). Raises for a missing run."""
         self.get_run(run_id)
+        query = select(Output.id).where(Output.run_id == run_id)
+        if pass_index is not None:
+            query = query.where(Output.pass_index == pass_index)
         with self.session() as s:
-            return s.scalar(select(Output.id).where(Output.run_id == run_id).limit(1)) is not None
+            return s.scalar(query.limit(1)) is not None
 
     def verdicts(self, run_id: int) -> list[dict]:
         with self.session() as s:
@@ -346,9 +350,3 @@ class RunStore(StoreBase):
         with self.session() as s:
             yield from self.iter_rows(s, f"SELECT key, location FROM requests WHERE run_id = {self.placeholders(1)} "
                                          "ORDER BY id", (run_id,))
-
-    def has_pass(self, run_id: int, pass_index: int) -> bool:
-        """Whether the run stored any output of this pass (a rescoring: OWN_RESCORING, BASELINE_RESCORING)."""
-        with self.session() as s:
-            return s.scalar(select(Output.id).where(Output.run_id == run_id, Output.pass_index == pass_index)
-                            .limit(1)) is not None
