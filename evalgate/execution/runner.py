@@ -100,7 +100,9 @@ def execute_suite(request: RunRequest, timings: Timings, progress: Progress | No
 
         store = open_store(request.url)
         with incomplete_on_failure(store, run_id, "scoring with lm-eval: "), timings.phase("lm_eval"):
-            first_pass = {key: outputs[0] for key, outputs in store.load(run_id, only_pass=0).outputs.items()}
+            # pass 0 read back a window at a time, in the order lm-eval asks for it (the order it built the
+            # requests in): an MMLU-sized pass held whole is about 4 KB a request
+            first_pass = store.pass_outputs(run_id, 0, [p.key for p in suite.prompts])
             scores, samples = tasks.score(first_pass)
             store.add_scores(run_id, scores, samples)
     return run_id

@@ -8,7 +8,7 @@ gated. This module imports lm-eval at its top: it is loaded only for suites that
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from lm_eval.api.model import TemplateLM
 from lm_eval.models.utils import handle_stop_sequences, has_bos_prefix, maybe_truncate, normalize_gen_kwargs, postprocess_generated_text
@@ -29,7 +29,7 @@ class EvalgateLM(TemplateLM):
     says), `_encode_pair` for context/continuation, left truncation, rolling windows of max_length - 2."""
 
     def __init__(self, tokenizer, max_length: int, add_bos_token: bool | None, sampling: dict,
-                 answers: dict | None = None, clock=None):
+                 answers: Mapping | None = None, clock=None):
         super().__init__()
         self.tokenizer = tokenizer
         self._max_length = max_length

@@ -24,7 +24,7 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..configuration.lock import FETCH_FIX, HUB_ID, LOCK_FILE, Pin, locked_snapshot, read_lock
 from ..configuration.prompts import SCORING_TYPES
@@ -283,7 +283,7 @@ class TaskRun:
             raise ConfigError(f"lm-eval could not build the tasks {', '.join(config.tasks)}: {type(exc).__name__}: {exc}",
                               fix=f"check the task YAML files and their data (a Hub dataset: {FETCH_FIX})") from None
 
-    def _lm(self, answers: dict | None = None):
+    def _lm(self, answers: Mapping | None = None):
         """evalgate as an lm-eval model (lmeval/harness.py, which imports lm-eval: loaded here, on first use)."""
         from .harness import EvalgateLM
 
@@ -318,8 +318,9 @@ class TaskRun:
             requests = [replace(p, adapter=adapter) for p in requests]
         return replace(suite, prompts=[*suite.prompts, *requests], task_identity=self.identity)
 
-    def score(self, answers: dict) -> tuple[list[dict], list[dict]]:
-        """lm-eval's metrics on the given records (key -> Completion): (task scores, per-document scores)."""
+    def score(self, answers: Mapping) -> tuple[list[dict], list[dict]]:
+        """lm-eval's metrics on the given records (key -> Completion; a store's pass read by window does): (task
+        scores, per-document scores)."""
         lm = self._lm(answers)
         results = self._evaluate(lm, scoring=True)
         scores = []
