@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import ConfigError
 from .adapters import BASE_MODEL, adapter_choices
@@ -42,8 +42,9 @@ class Prompt:
     # The fields below are set for lm-eval requests only (evalgate/lmeval/tasks.py).
     request_type: str = "generate"  # generate | generate_until | loglikelihood | loglikelihood_rolling
     prompt_ids: tuple[int, ...] | None = None  # pre-tokenized the way lm-eval tokenizes (generate_until)
-    # Scoring requests: (context ids, continuation ids) windows whose continuation tokens are scored.
-    segments: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    # Scoring requests: (context ids, continuation ids) windows whose continuation tokens are scored; lm-eval's
+    # as int32 arrays (lmeval/harness.py), others as tuples: read them as sequences of ints
+    segments: tuple[tuple[Sequence[int], Sequence[int]], ...] = ()
     continuation: str | None = None  # the scored text (loglikelihood)
     sampling: dict | None = None  # the task's generation settings, over the suite's [sampling]
     location: str | None = None  # "task.yaml doc 3", for reports

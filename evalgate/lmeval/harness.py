@@ -8,6 +8,7 @@ gated. This module imports lm-eval at its top: it is loaded only for suites that
 
 from __future__ import annotations
 
+from array import array
 from typing import Any, Mapping
 
 from lm_eval.api.model import TemplateLM
@@ -151,7 +152,7 @@ class EvalgateLM(TemplateLM):
                 whole = (list(context_enc) + list(continuation_enc))[-limit:]  # left truncation, as lm-eval
                 context_ids = whole[: len(whole) - len(continuation_enc)]
                 self._record(key, inst, "loglikelihood", text=context, continuation=continuation,
-                             segments=((tuple(context_ids), tuple(continuation_enc)),))
+                             segments=((token_array(context_ids), token_array(continuation_enc)),))
                 results.append((0.0, False))
             else:
                 results.append(loglikelihood_result(self._answer(key)))
@@ -166,12 +167,19 @@ class EvalgateLM(TemplateLM):
                 windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
                     token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
                     max_seq_len=self.max_length - 2, context_len=1)]
-                segments = tuple((tuple(ctx), tuple(cont)) for ctx, cont in windows)
+                segments = tuple((token_array(ctx), token_array(cont)) for ctx, cont in windows)
                 self._record(key, inst, "loglikelihood_rolling", text=string, continuation=string, segments=segments)
                 results.append(0.0)
             else:
                 results.append(loglikelihood_result(self._answer(key))[0])
         return results
+
+
+def token_array(ids) -> array:
+    """Token ids as int32, held for the whole run: 4 bytes a token. A tuple of Python ints holds 8 bytes a token
+    and keeps each int object (28 bytes, as token ids are mostly over 256) alive after lm-eval lets its own lists
+    go: a leaderboard suite's few-shot prompts are hundreds of tokens each."""
+    return array("i", ids)
 
 
 def loglikelihood_result(completion) -> tuple[float, bool]:
