@@ -41,7 +41,7 @@ class Prompt:
     line: int  # 1-based line in the prompts file, for error messages and CI annotations (0 for lm-eval)
     # The fields below are set for lm-eval requests only (evalgate/lmeval/tasks.py).
     request_type: str = "generate"  # generate | generate_until | loglikelihood | loglikelihood_rolling
-    prompt_ids: tuple[int, ...] | None = None  # pre-tokenized the way lm-eval tokenizes (generate_until)
+    prompt_ids: Sequence[int] | None = None  # pre-tokenized the way lm-eval tokenizes (generate_until: int32)
     # Scoring requests: (context ids, continuation ids) windows whose continuation tokens are scored; lm-eval's
     # as int32 arrays (lmeval/harness.py), others as tuples: read them as sequences of ints
     segments: tuple[tuple[Sequence[int], Sequence[int]], ...] = ()

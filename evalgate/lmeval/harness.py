@@ -129,7 +129,7 @@ class EvalgateLM(TemplateLM):
                                                    max_model_len=self.max_length, side="left", verbose=False)
                 sampling = {"skip_special_tokens": False, "spaces_between_special_tokens": False, **kwargs,
                             "max_tokens": max_gen_toks, "stop": until}
-                self._record(key, inst, "generate_until", text=context, prompt_ids=tuple(ids), sampling=sampling)
+                self._record(key, inst, "generate_until", text=context, prompt_ids=token_array(ids), sampling=sampling)
                 results.append("")
             else:
                 results.append(postprocess_generated_text(self._answer(key).text, until, None))
