@@ -176,7 +176,8 @@ class PassOutputs(Mapping):
                 raise KeyError(key)
             start = self._positions[key]
             keys = [k for k in self.order[start : start + CHUNK] if k in self._stored]
-            read = read_completions(self.store, self.run_id, self.pass_index, keys, RunPayloads(self.store, self.run_id),
+            # the payloads come with the rows; a payload missed would read the window's, never the whole run's
+            read = read_completions(self.store, self.run_id, self.pass_index, keys, RunPayloads(self.store, self.run_id, keys),
                                     with_payloads=True, requests={})
             self._window = {k: completions[0] for k, completions in read.items()}
         return self._window[key]
