@@ -26,6 +26,7 @@ else:  # pragma: no cover
 
 # A suite file is configuration; prompts belong in the prompts file (docs/suite.md, "Limits").
 MAX_SUITE_BYTES = 1 << 20  # 1 MiB
+READ_CHUNK = 1 << 20  # how much more `read_capped` reads at a time from a file larger than stat() said
 
 
 # [engine] keys every kind reads; the rest of the table is the kind's own (or passed through to vLLM).
@@ -180,13 +181,21 @@ def mib(n: int) -> str:
 
 def read_capped(path: Path, limit: int, what: str, fix: str) -> bytes:
     """The file's bytes; refused before reading (stat) when larger than `limit`, and never more than
-    `limit` bytes read even if the file grows or stat() reports no size (pipes, /proc)."""
+    `limit` bytes read even if the file grows or stat() reports no size (pipes, /proc). One read of the size
+    stat() gives, never `read(limit + 1)`: that reserves the whole limit up front (256 MiB for a prompts file of
+    a few lines), and fails with MemoryError under an address-space limit (`ulimit -v`, some batch schedulers)."""
     size = path.stat().st_size
     if size > limit:
         raise ConfigError(f"{path}: {what} is {size} bytes ({mib(size)}), over the limit of {limit} bytes "
                           f"({mib(limit)})", fix=fix)
     with path.open("rb") as f:
-        raw = f.read(limit + 1)
+        want = size + 1
+        raw = f.read(want)
+        if len(raw) == want:  # more than stat() said (a growing file, a pipe, /proc): read on, to the limit
+            grown = bytearray(raw)
+            while len(grown) <= limit and (chunk := f.read(min(READ_CHUNK, limit + 1 - len(grown)))):
+                grown += chunk
+            raw = bytes(grown)
     if len(raw) > limit:
         raise ConfigError(f"{path}: {what} is over the limit of {limit} bytes ({mib(limit)})", fix=fix)
     return raw

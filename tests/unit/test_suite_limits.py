@@ -4,6 +4,7 @@ as a ConfigError (exit 2) naming the file, its size, the limit and the fix."""
 from __future__ import annotations
 
 import json
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,33 @@ def test_prompts_file_growing_past_stat_is_still_capped(ws, monkeypatch):
     monkeypatch.setattr(Path, "stat", lambda self, **kw: Small() if self == path else real_stat(self, **kw))
     err = refused(lambda: load_prompts(path))
     assert str(path) in str(err) and "over the limit of 100 bytes" in str(err)
+
+
+def test_a_file_larger_than_stat_said_is_read_whole_when_it_fits(ws, monkeypatch):
+    """A file that stat() under-reports (a growing file, a pipe, /proc) is read on, a chunk at a time."""
+    path = ws / "prompts.jsonl"
+    monkeypatch.setattr(config_mod, "READ_CHUNK", 7)  # many reads past the byte stat() reported
+    real_stat = Path.stat
+
+    class Small:
+        st_size = 1
+
+    monkeypatch.setattr(Path, "stat", lambda self, **kw: Small() if self == path else real_stat(self, **kw))
+    assert [p.key for p in load_prompts(path)] == [f"p{i}" for i in range(20)]
+
+
+def test_a_small_prompts_file_never_reserves_the_limit(ws):
+    """`read(limit + 1)` reserves the whole limit (256 MiB) before reading a byte: under an address-space limit
+    (`ulimit -v`, some batch schedulers) a prompts file of 20 lines failed with MemoryError. Reads are sized by
+    the file."""
+    tracemalloc.start()
+    try:
+        prompts = load_prompts(ws / "prompts.jsonl")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(prompts) == 20
+    assert peak < 1 << 20, f"reading a {(ws / 'prompts.jsonl').stat().st_size}-byte file peaked at {peak} bytes"
 
 
 @pytest.mark.parametrize("value", ["lots", "0", "-5", "1.5"])
