@@ -45,6 +45,15 @@ class StoreError(EvalgateError):
     exit_code = ExitCode.INFRA
 
 
+def out_of_memory() -> EngineError:
+    """A MemoryError, as evalgate reports it (its own message is empty). Linux mostly kills a process that runs
+    out of memory instead (a killed engine is reported as such); MemoryError comes from an address-space limit
+    (`ulimit -v`, some batch schedulers) or one allocation larger than the machine."""
+    return EngineError("out of memory (MemoryError)",
+                       fix="give the process more memory (its container's or scheduler's limit, `ulimit -v`), "
+                           "or run the suite in shards (`--shard 1/4`, docs/usage.md)")
+
+
 class NoBaselineError(EvalgateError):
     exit_code = ExitCode.NO_BASELINE
 

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import EvalgateError, ExitCode
+from ..errors import EvalgateError, ExitCode, out_of_memory
 
 
 def _console(stderr: bool = False) -> Console:
@@ -45,7 +45,8 @@ def handled(fn):
         previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
         try:
             return fn(*args, **kwargs)
-        except EvalgateError as exc:
+        except (EvalgateError, MemoryError) as caught:
+            exc = out_of_memory() if isinstance(caught, MemoryError) else caught
             err_console.print(f"[bold red]error:[/] {escape(exc.message)}")
             if exc.fix:
                 err_console.print(f"  [bold]fix:[/] {escape(exc.fix)}")

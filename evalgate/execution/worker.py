@@ -35,7 +35,7 @@ from itertools import count
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from ..errors import ConfigError, EngineError, EvalgateError, error_for_exit_code
+from ..errors import ConfigError, EngineError, EvalgateError, error_for_exit_code, out_of_memory
 from ..owners import current_owner
 from ..processes import set_parent_death_signal
 from ..timings import Timings
@@ -179,11 +179,17 @@ def _call_inline(job, kwargs: dict, *, url: str | None, progress: Progress | Non
             exc.unfinished_run = run_ids[-1]
         if isinstance(exc, (EvalgateError, KeyboardInterrupt)):
             raise
-        error = EngineError(f"{type(exc).__name__}: {exc}")  # as the child reports it
+        error = _engine_failure(exc)  # as the child reports it
         error.unfinished_run = getattr(exc, "unfinished_run", None)
         raise error from exc
     finally:
         _apply_env(saved)
+
+
+def _engine_failure(exc: BaseException) -> EngineError:
+    """An unexpected error of the engine's job, as evalgate reports it: an engine failure (exit 3). A MemoryError's
+    own message is empty, so it says what happened and the fix."""
+    return out_of_memory() if isinstance(exc, MemoryError) else EngineError(f"{type(exc).__name__}: {exc}")
 
 
 def _apply_env(env: Mapping[str, str | None] | None) -> None:
@@ -239,7 +245,8 @@ def _child_main(job, kwargs: dict, messages, env: Mapping[str, str | None] | Non
         messages.put(("error", int(exc.exit_code), exc.message, exc.fix))
         code = 1
     except BaseException as exc:  # anything else from the engine is an infrastructure error
-        messages.put(("error", int(EngineError.exit_code), f"{type(exc).__name__}: {exc}", None))
+        error = _engine_failure(exc)
+        messages.put(("error", int(error.exit_code), error.message, error.fix))
         code = 1
     finally:
         # The outcome is sent, and the parent SIGTERMs a child that reported an error: interrupting the

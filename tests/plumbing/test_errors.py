@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 
+import pytest
 from helpers import write_suite
 
 
@@ -69,3 +70,49 @@ def test_not_a_database_file_is_refused_untouched(inline_cli, tmp_path, fake_mod
     proc = inline_cli("baseline", "create", suite, check=2)
     assert "not an evalgate database" in proc.stderr and str(db) in proc.stderr
     assert digest(db) == before
+
+
+def test_out_of_memory_says_so_and_the_run_is_stored_incomplete(inline_cli, tmp_path, fake_model, monkeypatch):
+    """A MemoryError (an address-space limit: `ulimit -v`, some batch schedulers) is an engine failure, exit 3,
+    with what happened and the fix; never Python's empty "MemoryError: ". The run it cut short is failed."""
+    from evalgate.engines.fake import FakeEngine
+
+    def out_of_memory(self, prompts, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(FakeEngine, "generate", out_of_memory)
+    suite = write_suite(tmp_path, fake_model, ["hello"], kind="fake")
+    proc = inline_cli("baseline", "create", suite, check=3)
+    assert "error: out of memory (MemoryError)" in proc.stderr and "ulimit -v" in proc.stderr, proc.stderr
+    assert "--shard" in proc.stderr and "EVALGATE_DEBUG" not in proc.stderr
+    with sqlite3.connect(tmp_path / "evalgate.sqlite") as conn:
+        assert conn.execute("select status, exit_code from runs").fetchall() == [("failed", 3)]
+
+
+def test_out_of_memory_in_the_cli_process_says_so(inline_cli, tmp_path, fake_model, monkeypatch):
+    """Reading the prompts (the CLI's own process, before any engine) out of memory: the same message, exit 3."""
+    import evalgate.configuration.suite as suite_mod
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(suite_mod, "load_prompts", out_of_memory)
+    suite = write_suite(tmp_path, fake_model, ["hello"], kind="fake")
+    proc = inline_cli("check", suite, check=3)
+    assert "error: out of memory (MemoryError)" in proc.stderr and "ulimit -v" in proc.stderr, proc.stderr
+    assert not (tmp_path / "evalgate.sqlite").exists()
+
+
+def runs_out_of_memory(*, progress, on_run):
+    raise MemoryError
+
+
+def test_an_engine_process_out_of_memory_reports_it_across_the_process_boundary(monkeypatch):
+    """The engine's own process (not inline) sends the same error back: exit 3, message and fix."""
+    from evalgate.errors import EngineError
+    from evalgate.execution import worker
+
+    monkeypatch.delenv(worker.INLINE_ENV, raising=False)
+    with pytest.raises(EngineError) as caught:
+        worker.call_in_worker(runs_out_of_memory, {})
+    assert caught.value.message == "out of memory (MemoryError)" and "ulimit -v" in caught.value.fix
