@@ -16,7 +16,7 @@ from typing import Optional
 import click
 import typer
 
-from ..errors import EvalgateError, ExitCode
+from ..errors import EvalgateError, ExitCode, out_of_memory
 from .common import VerboseOpt, console, err_console, handled, parse_levels, progress_bar, show_notes
 
 SuiteArg = typer.Argument(None, help="Suite TOML file (default: ./evalgate.toml or \\[tool.evalgate] in ./pyproject.toml)")
@@ -77,6 +77,8 @@ def _infra_outputs(exc: BaseException, kind: str, suite_name: str, junit, starte
     from ..reports import github
     from ..reports.junit import write_infra_error
 
+    if isinstance(exc, MemoryError):
+        exc = out_of_memory()  # as `handled` says it on the terminal
     if isinstance(exc, EvalgateError):
         message, error_type = str(exc), type(exc).__name__
     elif isinstance(exc, KeyboardInterrupt):

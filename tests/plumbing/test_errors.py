@@ -90,17 +90,18 @@ def test_out_of_memory_says_so_and_the_run_is_stored_incomplete(inline_cli, tmp_
 
 
 def test_out_of_memory_in_the_cli_process_says_so(inline_cli, tmp_path, fake_model, monkeypatch):
-    """Reading the prompts (the CLI's own process, before any engine) out of memory: the same message, exit 3."""
-    import evalgate.configuration.suite as suite_mod
+    """Judging (the CLI's own process, after the passes) out of memory: the same message and exit 3, on the
+    terminal and in the JUnit file CI shows."""
+    import evalgate.gate as gate_mod
 
     def out_of_memory(*args, **kwargs):
         raise MemoryError
 
-    monkeypatch.setattr(suite_mod, "load_prompts", out_of_memory)
+    monkeypatch.setattr(gate_mod, "judge_and_store", out_of_memory)
     suite = write_suite(tmp_path, fake_model, ["hello"], kind="fake")
-    proc = inline_cli("check", suite, check=3)
+    proc = inline_cli("baseline", "create", suite, "--junit", tmp_path / "junit.xml", check=3)
     assert "error: out of memory (MemoryError)" in proc.stderr and "ulimit -v" in proc.stderr, proc.stderr
-    assert not (tmp_path / "evalgate.sqlite").exists()
+    assert "out of memory (MemoryError)" in (tmp_path / "junit.xml").read_text()
 
 
 def runs_out_of_memory(*, progress, on_run):
