@@ -14,7 +14,7 @@ passes reads it; `Store.load(run_id, only_pass=...)` reads one. A merged run car
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..configuration.prompts import SCORING_TYPES, Prompt
@@ -31,9 +31,20 @@ class Rescore:
     own: bool = True
     of_run: int | None = None
 
+    @property
+    def count(self) -> int:
+        return int(self.own) + (self.of_run is not None)
+
 
 # (request key, (prompt ids, output ids)), one request at a time: a run's are never all held as lists at once
 Tokens = Iterable[tuple[str, tuple[list[int], list[int]]]]
+
+# A rescoring's progress, told with its label: after each request it gets past (scored, reused, stored before a
+# resume), then once with ended=True (requests with nothing to score were never among its tokens).
+RescoreProgress = Callable[[str, bool], None]
+
+OWN_LABEL = "rescoring this run's tokens"
+BASELINE_LABEL = "rescoring the baseline's tokens"
 
 
 def tokens_of(completions: Mapping[str, Completion], prompt_ids: Mapping[str, Sequence[int]]) -> Tokens:
@@ -112,6 +123,19 @@ class RecordedRun:
     salt: str | None
     first_pass: Mapping[str, Completion]
     rescored: Mapping[int, Collection[str]] = field(default_factory=dict)
+    progress: RescoreProgress | None = None
+
+
+def told(tokens: Tokens, progress: RescoreProgress | None, label: str) -> Tokens:
+    """The tokens, telling `progress` as each request is done with (when the next is asked for), and once
+    the last is."""
+    if progress is None:
+        yield from tokens
+        return
+    for item in tokens:
+        yield item
+        progress(label, False)
+    progress(label, True)
 
 
 def rescore_run(rescore: Rescore, engine: Engine, run: RecordedRun) -> None:
@@ -119,10 +143,10 @@ def rescore_run(rescore: Rescore, engine: Engine, run: RecordedRun) -> None:
     run's cache salt."""
     done: dict[str, Completion] = {}
     if rescore.of_run is not None:
-        tokens = tokens_of_run(run.store, rescore.of_run, set(run.prompt_ids))
+        tokens = told(tokens_of_run(run.store, rescore.of_run, set(run.prompt_ids)), run.progress, BASELINE_LABEL)
         store_scored(run, score(engine, tokens, run.salt, BASELINE_RESCORING,
                                 stored=run.rescored.get(BASELINE_RESCORING, ())), keep=done)
     if rescore.own:
         # where this run chose the baseline's tokens, their rescoring here is this run's own too
-        store_scored(run, score(engine, tokens_of(run.first_pass, run.prompt_ids), run.salt, OWN_RESCORING, done,
-                                stored=run.rescored.get(OWN_RESCORING, ())))
+        tokens = told(tokens_of(run.first_pass, run.prompt_ids), run.progress, OWN_LABEL)
+        store_scored(run, score(engine, tokens, run.salt, OWN_RESCORING, done, stored=run.rescored.get(OWN_RESCORING, ())))

@@ -286,6 +286,7 @@ class Recording:
     dropped: Dropped = field(default_factory=list)
     done: int = 0
     total: int = 0
+    label: str = ""  # the pass (or rescoring) now running
     pass_done: int = 0
     pass_total: int = 0
     rescored: bool = False
@@ -298,11 +299,12 @@ class Recording:
         keys = [p.key for p in self.plan.suite.prompts]
         sizes = {p.index: len(keys) if p.sample is None else sum(in_sample(k, p.sample) for k in keys)
                  for p in self.plan.passes}
-        self.total = sum(sizes.values())
+        rescore = self.plan.request.rescore
+        self.total = sum(sizes.values()) + (self.rescoring_size * rescore.count if rescore else 0)
         for pass_ in self.plan.passes:
             if pass_.engine_args and not self.switch_engine(pass_):
                 continue
-            self.pass_done, self.pass_total = 0, sizes[pass_.index]
+            self.label, self.pass_done, self.pass_total = pass_.label, 0, sizes[pass_.index]
             probe = get_probe(pass_.probe) if pass_.probe else None
             before = probe.before(self.engine) if probe else None
             traffic = traffic_for(pass_, self.plan.schedule, trace)
@@ -314,7 +316,7 @@ class Recording:
                 for index, wave in enumerate(pass_waves(pass_, keys, self.wave_context())):
                     if not probe and self.resumed is not None and self.resumed.stored(pass_.index, index):
                         stored.kept(sum(wave.recorded))
-                        self.count(pass_, sum(wave.recorded))
+                        self.count(sum(wave.recorded))
                         continue
                     recorded, seconds = self.submit(pass_, index, wave, traffic)
                     stored.add(recorded, seconds)
@@ -375,16 +377,30 @@ class Recording:
             completion.pass_index, completion.concurrency = pass_.index, pass_.concurrency
             completion.wave, completion.position = index, position
         recorded = [c for c, keep in zip(completions, wave.recorded) if keep]  # companions are not stored
-        self.count(pass_, len(recorded))
+        self.count(len(recorded))
         return recorded, seconds
 
-    def count(self, pass_: Pass, requests: int) -> None:
+    def count(self, requests: int) -> None:
         """Requests done (run here, or stored before a resume), told to `progress`."""
         self.done += requests
         self.pass_done += requests
         if self.progress:
-            self.progress(min(self.done, self.total), self.total, pass_.label, min(self.pass_done, self.pass_total),
+            self.progress(min(self.done, self.total), self.total, self.label, min(self.pass_done, self.pass_total),
                           self.pass_total)
+
+    @property
+    def rescoring_size(self) -> int:
+        """The requests a rescoring gets past: those that generate (a scoring request already is one)."""
+        return sum(1 for p in self.plan.suite.prompts if p.request_type not in SCORING_TYPES)
+
+    def rescoring_progress(self, label: str, ended: bool) -> None:
+        """A rescoring's progress (execution/rescore.py), counted as a pass's; at its end, whatever it had
+        nothing to score is done too."""
+        if label != self.label:
+            self.label, self.pass_done, self.pass_total = label, 0, self.rescoring_size
+        left = self.pass_total - self.pass_done if ended else 1
+        if left > 0:
+            self.count(left)
 
     def rescore_once(self) -> None:
         """The run's rescorings, once, on the suite's own engine (before a probe's replaces it)."""
@@ -396,7 +412,8 @@ class Recording:
             with self.timings.phase("rescore"):
                 rescored = self.resumed.rescored if self.resumed is not None else {}
                 rescore_run(rescore, self.engine, RecordedRun(self.store, self.run_id, self.plan.prompt_ids,
-                                                              self.plan.salt, self.first_pass, rescored))
+                                                              self.plan.salt, self.first_pass, rescored,
+                                                              self.rescoring_progress))
         except EngineError as exc:  # the run stands; judging it across hardware then lacks the envelope
             self.dropped.append((None, f"the engine could not score the tokens: {exc.message}"))
 

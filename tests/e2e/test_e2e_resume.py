@@ -88,6 +88,11 @@ def test_a_baseline_killed_in_each_phase_resumes_to_the_uninterrupted_run(cli, t
         assert kept == 8  # two chunks of 4, and only the rest ran again
     elif where in ("rescoring", "judging"):
         assert ran_here == 0  # every pass was stored: nothing ran again but (mid-rescoring) the rescoring's rest
+    if where == "rescoring":  # what the killed process rescored counts as done: the progress ends whole
+        told = [line for line in again.stderr.splitlines() if line.startswith("rescoring this run's tokens: ")]
+        assert told and told[-1].startswith(f"rescoring this run's tokens: {len(PROMPTS)}/{len(PROMPTS)} requests")
+        done_of_total = told[-1].rsplit("; run ", 1)[1].split("/")
+        assert done_of_total[0] == done_of_total[1], told[-1]
     assert rows(resumed.parent / "evalgate.sqlite", "select run_id from baselines") == [(1,)]
 
 

@@ -98,16 +98,22 @@ def test_a_merge_is_judged_under_its_own_fail_on(inline_cli, tmp_path, fake_mode
 
 
 def test_off_a_terminal_each_pass_says_its_progress_in_plain_lines(cli, tmp_path, fake_model):
-    """A CI log gets plain lines (no bar): each pass by its label with its requests done, and the run's, ending
-    at every pass's full count. A real process: the engine's child relays its progress over the queue."""
+    """A CI log gets plain lines (no bar): each pass by its label with its requests done, then the baseline's
+    rescoring (a phase as long as a pass: one prefill per request), and the run's, ending at each one's full
+    count, once. A real process: the engine's child relays its progress over the queue."""
     suite = write_suite(tmp_path / "ws", fake_model, GREEN_PROMPTS[:8], concurrency=(1, 8), shuffles=0, kind="fake")
     err = cli("baseline", "create", suite, check=0).stderr
     lines = [line for line in err.splitlines() if " requests" in line and "; run " in line]
     assert lines and all("\x1b" not in line and "━" not in line for line in lines)  # plain: no bar, no colour
     labels = list(dict.fromkeys(line.rsplit(": ", 1)[0] for line in lines))
-    assert len(labels) == 3 and all(label.startswith(f"pass {i}: ") for i, label in enumerate(labels))
-    assert all(any(f"{label}: 8/8 requests" in line for line in lines) for label in labels)
-    assert lines[-1].endswith(f"run {8 * len(labels)}/{8 * len(labels)}")
+    assert len(labels) == 4 and all(label.startswith(f"pass {i}: ") for i, label in enumerate(labels[:3]))
+    assert labels[3] == "rescoring this run's tokens"
+    assert all(sum(line.startswith(f"{label}: 8/8 requests") for line in lines) == 1 for label in labels)
+    assert lines[-1].endswith("run 32/32")
+    # a check rescores nothing on the baseline's hardware: its run ends with its last pass
+    err = cli("check", suite, check=0).stderr
+    lines = [line for line in err.splitlines() if " requests" in line and "; run " in line]
+    assert "rescoring" not in err and lines[-1].startswith("pass 2: ") and lines[-1].endswith("run 24/24")
 
 
 def test_a_pass_is_stored_as_it_runs_in_bounded_chunks_and_judged_as_if_whole(inline_cli, tmp_path, fake_model,

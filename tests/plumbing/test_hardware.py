@@ -34,6 +34,10 @@ def test_drift_and_a_near_tie_pass_across_hardware_then_adoption_judges_like_wit
 
     monkeypatch.setenv(*OTHER_CLASS)
     proc = inline_cli("check", suite, "--json-report", tmp_path / "c.json", "--junit", tmp_path / "c.xml", check=0)
+    # both rescorings are phases of the run's progress, after its three passes of 6: the run ends at 30/30
+    told = [line.rsplit(": ", 1)[0] for line in proc.stderr.splitlines() if " requests" in line and "; run " in line]
+    assert list(dict.fromkeys(told))[3:] == ["rescoring the baseline's tokens", "rescoring this run's tokens"]
+    assert proc.stderr.count(": 6/6 requests") == 5 and proc.stderr.rstrip().count("; run 30/30") == 1
     report = read_json(tmp_path / "c.json")
     section = report["hardware"]
     assert section["counts"] == {"identical": 4, "drift": 1, "near_tie": 1, "confident": 0}
