@@ -57,11 +57,14 @@ def engine_child(pid: int) -> int:
 
 
 def make_baseline(cli, tmp_path, model, kind: str):
-    """A suite with a complete baseline (run 1); its checks run 48 waves of one request."""
-    extra = "fake_seconds_per_wave = 0.25" if kind == "fake" else ""
-    suite = write_suite(tmp_path / "ws", model, PROMPTS, concurrency=(1,), shuffles=0, max_tokens=24, kind=kind,
-                        extra_engine=extra, hot_pass=False)
+    """A suite with a complete baseline (run 1); its checks run 48 waves of one request, on the fake engine a
+    quarter of a second each (slow enough to be stopped mid-pass). The baseline runs without that delay: its
+    rescoring is 48 more waves, and these tests stop only checks."""
+    settings = dict(concurrency=(1,), shuffles=0, max_tokens=24, kind=kind, hot_pass=False)
+    suite = write_suite(tmp_path / "ws", model, PROMPTS, **settings)
     cli("baseline", "create", suite, "--concurrency", "16", check=0)
+    if kind == "fake":
+        write_suite(tmp_path / "ws", model, PROMPTS, extra_engine="fake_seconds_per_wave = 0.25", **settings)
     db = tmp_path / "ws" / "evalgate.sqlite"
     assert rows(db, "select suite_name, run_id from baselines") == [("test", 1)]
     return suite, db
