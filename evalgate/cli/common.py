@@ -165,7 +165,7 @@ def progress_bar():
         if progress.tasks[current].description != label:
             progress.reset(current, total=pass_total or None, description=label)
         progress.update(current, completed=pass_done, total=pass_total or None)
-        progress.update(whole, completed=done, total=total, description="run")
+        progress.update(whole, completed=done, total=total or None, description="run")
 
     return progress, update
 
@@ -184,6 +184,11 @@ class ProgressLines:
 
     def __call__(self, done: int, total: int, label: str, pass_done: int = 0, pass_total: int = 0) -> None:
         now = self.clock()
+        if not pass_total:  # a step with no requests of its own (an engine starting): its name, once
+            if label != self.label:
+                self.label = label
+                self.print_line(f"{label} ...", markup=False, highlight=False, soft_wrap=True)
+            return
         if label != self.label:
             self.label, self.started, self.last = label, now, now
         elif pass_done < pass_total and now - self.last < LOG_EVERY:

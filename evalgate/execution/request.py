@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .rescore import Rescore
 
 # progress(done, total, label, pass_done, pass_total): requests completed across all passes, and in the
-# pass now running (its label).
+# pass now running (its label). A step with no requests to count (an engine starting) has pass_total 0.
 Progress = Callable[[int, int, str, int, int], None]
 
 BISECT_KIND = "bisect"  # a bisector's trial run: never judged against a baseline

@@ -75,17 +75,26 @@ def execute_suite(request: RunRequest, timings: Timings, progress: Progress | No
     # vLLM's, lm-eval's and datasets' progress bars (read when tqdm is imported): evalgate shows its own.
     os.environ.setdefault("TQDM_DISABLE", "1")
     suite, prepared = request.suite, None
+
+    def announce(step: str) -> None:  # a step with no requests to count: a model's engine can take minutes to start
+        if progress:
+            progress(0, 0, step, 0, 0)
+
     if suite.lm_eval is not None:
         from ..lmeval.tasks import prepare
 
+        announce("reading the lm-eval tasks")
         with timings.phase("lm_eval"):
             prepared = prepare(suite.lm_eval, suite.path)
+    log = request.labels.get("engine_log")
+    announce(f"starting the {suite.engine_kind} engine" + (f" (its output: {log})" if log else ""))
     with timings.phase("engine_load"):
         engine = start_engine(suite)
     tasks = None
     if prepared is not None:
         from ..lmeval.tasks import TaskRun
 
+        announce("building the lm-eval tasks' requests")
         with timings.phase("lm_eval"):
             tasks = TaskRun(prepared, engine.tokenizer, engine.max_model_len, suite.sampling, clock=engine.template_clock)
             suite = tasks.build(suite)
@@ -99,6 +108,7 @@ def execute_suite(request: RunRequest, timings: Timings, progress: Progress | No
         from ..store import open_store
 
         store = open_store(request.url)
+        announce("scoring with lm-eval")
         with incomplete_on_failure(store, run_id, "scoring with lm-eval: "), timings.phase("lm_eval"):
             # pass 0 read back a window at a time, in the order lm-eval asks for it (the order it built the
             # requests in): an MMLU-sized pass held whole is about 4 KB a request
@@ -349,6 +359,8 @@ class Recording:
     def switch_engine(self, pass_: Pass) -> bool:
         """Start a probe's own engine (rescoring on the suite's first): whether it started."""
         self.rescore_once()
+        if self.progress:
+            self.progress(self.done, self.total, f"starting the engine of probe {pass_.probe}", 0, 0)
         try:
             self.engine = probe_engine(self.plan.suite, self.engine, pass_, self.timings)
         except EvalgateError as exc:

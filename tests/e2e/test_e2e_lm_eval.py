@@ -58,6 +58,11 @@ def test_example_tasks_create_then_check_with_metrics_side_by_side(workspace):
 
     checked = cli("check", ws / "evalgate.toml", "--json-report", root / "check.json", check=0)
     report = read_json(root / "check.json")
+    # a CI log names each step that counts no requests as it starts, in order, the engine's log with it
+    steps = [line for line in checked.stderr.splitlines() if line.endswith(" ...")]
+    assert steps[0] == "reading the lm-eval tasks ..." and steps[1].startswith("starting the vllm engine (its output: ")
+    assert str(ws / ".evalgate" / "logs") in steps[1]
+    assert steps[2:] == ["building the lm-eval tasks' requests ...", "scoring with lm-eval ..."]
     # Every request of every task, in every pass, bit-identical to the baseline: all stable.
     types = dict(db_query(db(ws), "SELECT request_type, count(*) FROM requests WHERE run_id = :r GROUP BY request_type",
                           r=report["run_id"]))

@@ -45,6 +45,10 @@ def test_every_probe_runs_on_vllm_or_says_why_not(cli, tmp_path, tiny_model):
     assert {r["key"] for r in report["requests"] if r["verdict"] == "batch_variance"} == varying
     assert {r["factor"] for r in report["requests"]} <= {f["factor"] for f in report["factors"] if f["differing"]}
     assert proc.returncode == report["exit_code"] == (1 if varying else 0), proc.stderr[-3000:]
+    # a probe that needs other engine settings starts an engine of its own, named as it starts (a CI log's line)
+    steps = [line for line in proc.stderr.splitlines() if line.endswith(" ...")]
+    assert steps[0].startswith("starting the vllm engine (its output: ") and steps[1:] == [
+        "starting the engine of probe chunked_prefill ...", "starting the engine of probe preemption ..."]
     # companions (needle fillers, prefix warmers) are never stored: the 7 requests in each of the 11 passes
     # (and the baseline's rescoring of its own tokens, pass -1: execution/rescore.py)
     assert db_query(db, "select pass_index, count(*) from outputs group by pass_index") == [(i, n) for i in range(-1, 11)]

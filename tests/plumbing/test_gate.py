@@ -103,6 +103,9 @@ def test_off_a_terminal_each_pass_says_its_progress_in_plain_lines(cli, tmp_path
     count, once. A real process: the engine's child relays its progress over the queue."""
     suite = write_suite(tmp_path / "ws", fake_model, GREEN_PROMPTS[:8], concurrency=(1, 8), shuffles=0, kind="fake")
     err = cli("baseline", "create", suite, check=0).stderr
+    # first the engine starting (minutes, for a real model), with where its output goes meanwhile
+    log = tmp_path / "ws" / ".evalgate" / "logs"
+    assert err.splitlines()[0].startswith(f"starting the fake engine (its output: {log}/baseline-")
     lines = [line for line in err.splitlines() if " requests" in line and "; run " in line]
     assert lines and all("\x1b" not in line and "━" not in line for line in lines)  # plain: no bar, no colour
     labels = list(dict.fromkeys(line.rsplit(": ", 1)[0] for line in lines))

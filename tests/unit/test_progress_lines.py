@@ -24,3 +24,14 @@ def test_a_pass_says_its_start_its_end_and_at_most_one_line_per_interval_between
     assert lines[-2] == "pass 0 (concurrency 1): 100/100 requests, 1.0/s; run 100/200"  # its end, always
     assert lines[-1] == "pass 1 (concurrency 8): 8/100 requests; run 108/200"  # the next pass's start
     assert len(lines) == 2 + 99 // int(LOG_EVERY) + 1
+
+
+def test_a_step_with_no_requests_of_its_own_is_named_once_as_it_starts():
+    lines: list[str] = []
+    progress = ProgressLines(lambda text, **_: lines.append(text), clock=lambda: 0.0)
+    progress(0, 0, "starting the vllm engine", 0, 0)
+    progress(0, 0, "starting the vllm engine", 0, 0)
+    progress(1, 20, "pass 0", 1, 10)
+    progress(10, 20, "starting the engine of probe needle", 0, 0)  # mid-run: the run's count stays as it was
+    assert lines == ["starting the vllm engine ...", "pass 0: 1/10 requests; run 1/20",
+                     "starting the engine of probe needle ..."]
