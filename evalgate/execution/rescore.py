@@ -33,6 +33,7 @@ class Rescore:
 
     @property
     def count(self) -> int:
+        """How many rescorings the run records (each a prefill per generating request)."""
         return int(self.own) + (self.of_run is not None)
 
 
