@@ -179,6 +179,9 @@ def mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"
 
 
+BOM = "\ufeff"
+
+
 def read_capped(path: Path, limit: int, what: str, fix: str) -> bytes:
     """The file's bytes; refused before reading (stat) when larger than `limit`, and never more than
     `limit` bytes read even if the file grows or stat() reports no size (pipes, /proc). One read of the size
@@ -211,9 +214,15 @@ def read_text(path: Path, limit: int, what: str, *, too_large: str, missing: str
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read {what} ({exc.strerror})", fix="check the path and its permissions") from None
     try:
-        return raw.decode("utf-8")
+        return without_bom(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 (byte {exc.start})", fix=f"save the {what} as UTF-8") from None
+
+
+def without_bom(text: str) -> str:
+    """A text without the byte-order mark some Windows editors write first: it marks the encoding, it is not
+    content, and the TOML and JSON parsers refuse it."""
+    return text.removeprefix(BOM)
 
 
 def read_toml(path: Path) -> dict:

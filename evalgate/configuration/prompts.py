@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from ..errors import ConfigError
 from .adapters import BASE_MODEL, adapter_choices
-from .config import read_capped
+from .config import BOM, read_capped
 
 PROMPT_KEYS = {"id", "prompt", "messages", "chat_template_kwargs", "max_tokens", "metadata", "adapter"}
 CHAT_ROLES = ("system", "developer", "user", "assistant")
@@ -93,6 +93,7 @@ def load_prompts(path: Path, adapters: tuple[str, ...] = (), run_under: tuple[st
         raise ConfigError(f"{path}: cannot read prompts file ({exc.strerror})", fix="check the path and its permissions") from None
     prompts: list[Prompt] = []
     seen: dict[str, int] = {}
+    raw = raw.removeprefix(BOM.encode())  # an editor's byte-order mark: not part of line 1 (config.py without_bom)
     for lineno, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
             continue

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..atomic import write_text_atomic
 from ..errors import ConfigError
+from .config import BOM, without_bom
 
 SUITE_FILE = "evalgate.toml"  # the default suite file, in the working directory
 PYPROJECT = "pyproject.toml"  # a suite may live in its [tool.evalgate] table instead
@@ -39,7 +40,8 @@ def add_engine_settings(path: Path, settings: dict, why: str) -> None:
     file is kept as written."""
     import tomlkit
 
-    document = tomlkit.parse(path.read_text(encoding="utf-8"))
+    written = path.read_text(encoding="utf-8")
+    document = tomlkit.parse(without_bom(written))
     root = document
     if path.name == PYPROJECT:
         root = document.setdefault("tool", tomlkit.table()).setdefault("evalgate", tomlkit.table())
@@ -63,5 +65,5 @@ def add_engine_settings(path: Path, settings: dict, why: str) -> None:
             engine.add(key, settings[key])
         for whitespace in trailing:
             engine.add(whitespace)
-    text = tomlkit.dumps(document)
+    text = (BOM if written.startswith(BOM) else "") + tomlkit.dumps(document)  # a byte-order mark stays too
     write_text_atomic(path, text)  # all or nothing: a suite is never left half-written

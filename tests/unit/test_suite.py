@@ -132,6 +132,18 @@ def test_crlf_prompts_file(tmp_path):
     assert [(p.key, p.line) for p in suite.prompts] == [("a", 1), ("b", 3)]
 
 
+def test_files_saved_with_a_byte_order_mark_read_as_without_one(tmp_path):
+    """Windows editors save UTF-8 with a byte-order mark first; the TOML and JSON parsers refuse it, and it is
+    not content: the suite, its prompts and their identity are those of the same files without it."""
+    plain = load_suite(write_suite(tmp_path / "plain"))
+    path = write_suite(tmp_path / "marked")
+    for name in ("evalgate.toml", "prompts.jsonl"):
+        (tmp_path / "marked" / name).write_bytes(b"\xef\xbb\xbf" + (tmp_path / "marked" / name).read_bytes())
+    marked = load_suite(path)
+    assert [(p.key, p.text, p.line) for p in marked.prompts] == [(p.key, p.text, p.line) for p in plain.prompts]
+    assert marked.identity() == plain.identity() and marked.sampling == plain.sampling
+
+
 def test_relative_paths_do_not_depend_on_cwd(tmp_path, monkeypatch):
     write_suite(tmp_path / "suite")
     elsewhere = tmp_path / "elsewhere"

@@ -48,6 +48,15 @@ def test_a_pyproject_suite_and_a_suite_without_an_engine_table(tmp_path):
     assert tomllib.loads(bare.read_text(encoding="utf-8"))["engine"] == {"enable_chunked_prefill": False}
 
 
+def test_a_remedy_keeps_the_byte_order_mark_its_user_s_editor_wrote(tmp_path):
+    suite = tmp_path / "evalgate.toml"
+    suite.write_bytes(b"\xef\xbb\xbf" + REORDERED.encode())
+    add_engine_settings(suite, {"max_num_seqs": 1}, "why")
+    raw = suite.read_bytes()
+    assert raw.startswith(b"\xef\xbb\xbf# my suite") and raw.count(b"\xef\xbb\xbf") == 1
+    assert tomllib.loads(raw[3:].decode())["engine"] == {"model": "m", "max_num_seqs": 1}
+
+
 def test_find_suite_is_the_one_discovery(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert find_suite(required=False) is None
