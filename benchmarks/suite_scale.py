@@ -5,7 +5,11 @@ a fresh workspace, as a user runs it. Prints its wall time, the peak RSS of its 
 (the CLI, which judges; the engine child, which runs the passes: sampled every 0.2 s with psutil), and the
 database's size, then the ratio of the largest size to 10k. Measured figures; not a test.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/suite_scale.py [--sizes 1000,10000,50000,250000] [--json]
+`--across` also runs `evalgate check` of the same suite on another hardware class (an instruction-set cap,
+`ONEDNN_MAX_CPU_ISA=SSE41`, is one on any machine): the heaviest judgement there is, since it rescores the
+baseline's tokens and its own, and judges across the classes with an envelope over every token.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/suite_scale.py [--sizes 1000,10000,50000,250000] [--across] [--json]
 
 `PYTHONPATH=<another checkout>` measures that evalgate instead (the benchmark is this tree's).
 """
@@ -50,10 +54,10 @@ def workspace(root: Path, size: int) -> Path:
     return root / "evalgate.toml"
 
 
-def measured(args: list[str], ok: tuple[int, ...] = (0,), cwd: Path | None = None) -> dict:
+def measured(args: list[str], ok: tuple[int, ...] = (0,), cwd: Path | None = None, env: dict | None = None) -> dict:
     """`evalgate ARGS` run as a user runs it: its wall time and the peak RSS of the CLI and of the engine child."""
     started, log = time.perf_counter(), tempfile.TemporaryFile("w+")  # a file: a pipe left unread would fill
-    proc = subprocess.Popen([sys.executable, "-m", "evalgate", *args], cwd=cwd,
+    proc = subprocess.Popen([sys.executable, "-m", "evalgate", *args], cwd=cwd, env={**os.environ, **(env or {})},
                             stdout=subprocess.DEVNULL, stderr=log, text=True)
     top, peaks = psutil.Process(proc.pid), {"cli": 0, "engine": 0}
     while proc.poll() is None:
@@ -75,32 +79,48 @@ def measured(args: list[str], ok: tuple[int, ...] = (0,), cwd: Path | None = Non
             "cli_rss_mb": peaks["cli"] / 2**20, "engine_rss_mb": peaks["engine"] / 2**20}
 
 
-def measure(size: int) -> dict:
+OTHER_CLASS = {"ONEDNN_MAX_CPU_ISA": "SSE41"}
+
+
+def measure(size: int, across: bool) -> dict:
     root = Path(tempfile.mkdtemp(prefix=f"evalgate-scale-{size}-"))
     suite = workspace(root, size)
     figures = measured(["baseline", "create", str(suite)])
     database = sum(f.stat().st_size for f in root.glob("scale.sqlite*"))
-    return {"requests": size, **figures, "database_mb": database / 2**20}
+    row = {"requests": size, **figures, "database_mb": database / 2**20}
+    if across:
+        row["across"] = measured(["check", str(suite)], ok=(0, 1), env=OTHER_CLASS)
+    return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="1000,10000,50000,250000")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    rows = [measure(int(size)) for size in args.sizes.split(",")]
-    if args.json:
-        print(json.dumps(rows))
-        return
-    print(f"{'requests':>9} {'time s':>8} {'peak RSS MB':>12} {'CLI MB':>7} {'engine MB':>10} {'database MB':>12}")
+def table(title: str, rows: list[dict]) -> None:
+    print(title)
+    print(f"{'requests':>9} {'time s':>8} {'peak RSS MB':>12} {'CLI MB':>7} {'engine MB':>10}"
+          + (f" {'database MB':>12}" if "database_mb" in rows[0] else ""))
     for r in rows:
         print(f"{r['requests']:>9,} {r['seconds']:>8.1f} {r['peak_rss_mb']:>12.0f} {r['cli_rss_mb']:>7.0f} "
-              f"{r['engine_rss_mb']:>10.0f} {r['database_mb']:>12.1f}")
+              f"{r['engine_rss_mb']:>10.0f}" + (f" {r['database_mb']:>12.1f}" if "database_mb" in r else ""))
     base = next((r for r in rows if r["requests"] == 10_000), None)
     if base and rows[-1] is not base:
         last = rows[-1]
         print(f"{last['requests']:,} / 10,000: peak RSS {last['peak_rss_mb'] / base['peak_rss_mb']:.2f}x, "
               f"time {last['seconds'] / base['seconds']:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="1000,10000,50000,250000")
+    parser.add_argument("--across", action="store_true", help="also a check on another hardware class")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = [measure(int(size), args.across) for size in args.sizes.split(",")]
+    if args.json:
+        print(json.dumps(rows))
+        return
+    table("baseline create", rows)
+    if args.across:
+        table(f"check on another hardware class ({' '.join(f'{k}={v}' for k, v in OTHER_CLASS.items())})",
+              [{"requests": r["requests"], **r["across"]} for r in rows])
 
 
 if __name__ == "__main__":

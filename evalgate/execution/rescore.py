@@ -14,11 +14,14 @@ passes reads it; `Store.load(run_id, only_pass=...)` reads one. A merged run car
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..engines import Engine
+from ..fingerprint import RunFingerprint
 from ..records import Completion, unpack_ids
 from ..store import BASELINE_RESCORING, OWN_RESCORING, OutputWriter, Store
 
@@ -44,6 +47,8 @@ Tokens = Iterable[tuple[str, tuple[list[int], list[int]]]]
 # resume), then once with ended=True (requests with nothing to score were never among its tokens).
 RescoreProgress = Callable[[str, bool], None]
 
+WINDOW = 5_000  # a stored run's requests read at a time (judgement/judging.py reads by windows of this size too)
+
 OWN_LABEL = "rescoring this run's tokens"
 BASELINE_LABEL = "rescoring the baseline's tokens"
 
@@ -54,21 +59,25 @@ def tokens_of(completions: Mapping[str, Completion], prompt_ids: Mapping[str, Se
             if c.finish_reason != "scored" and c.output_ids.size)
 
 
-def tokens_of_run(store: Store, run_id: int, keys: set[str]) -> Tokens:
-    """A stored run's first-pass tokens of these requests (a shard's), with the prompt ids it ran."""
-    record = store.load(run_id)
-    keys = [key for key in record.requests if key in keys]
-    record.prefetch(keys)
-    first = {}
-    for key in keys:
-        outputs = record.outputs.get(key) or []
-        if outputs and record.requests[key].request_type not in SCORING_TYPES:
-            first[key] = min(outputs, key=lambda c: c.pass_index)
-    return tokens_of(first, {key: unpack_ids(record.requests[key].prompt_ids) for key in first})
+def tokens_of_run(store: Store, run_id: int, keys: Collection[str]) -> Tokens:
+    """A stored run's first-pass tokens of these requests (a shard's), with the prompt ids it ran, read a window
+    of requests at a time: a leaderboard-sized baseline is never held (every pass of it would be)."""
+    for window in store.request_windows(run_id, WINDOW):
+        window = [key for key in window if key in keys]
+        if not window:
+            continue
+        record = store.load(run_id, keys=window, fingerprint=RunFingerprint())
+        record.prefetch(window)
+        first = {}
+        for key in window:
+            outputs = record.outputs.get(key) or []
+            if outputs and record.requests[key].request_type not in SCORING_TYPES:
+                first[key] = min(outputs, key=lambda c: c.pass_index)
+        yield from tokens_of(first, {key: unpack_ids(record.requests[key].prompt_ids) for key in first})
 
 
 def score(engine: Engine, tokens: Tokens, salt: str | None, pass_index: int,
-          done: Mapping[str, Completion] | None = None, stored: Collection[str] = ()) -> Iterator[Completion]:
+          done: ScoredBefore | None = None, stored: Collection[str] = ()) -> Iterator[Completion]:
     """Each request's tokens scored after its prompt, alone and cold (its own cache salt), as they come.
     `done`: rescorings of the same prompt and tokens already made on this engine, reused as they are (a
     prefill is a function of its tokens). `stored`: requests whose rescoring is stored already (a resumed
@@ -81,8 +90,8 @@ def score(engine: Engine, tokens: Tokens, salt: str | None, pass_index: int,
             wave += 1
             continue
         output_ids = output_ids[: max(0, limit - len(prompt_ids))]
-        known = (done or {}).get(key)
-        if known is not None and list(known.prompt_ids) == prompt_ids + output_ids:
+        known = done.get(key, prompt_ids + output_ids) if done is not None else None
+        if known is not None:
             scored = known
         elif output_ids:
             # under the request's own adapter: the same weights that chose the tokens
@@ -95,15 +104,37 @@ def score(engine: Engine, tokens: Tokens, salt: str | None, pass_index: int,
         wave += 1
 
 
-def store_scored(run: RecordedRun, scored: Iterable[Completion], keep: dict[str, Completion] | None = None) -> None:
-    """Rescorings into the run's store as they come (`OutputWriter`: never a whole run's held); `keep`: also
-    kept by key (the baseline's tokens rescored here, which this run's own may reuse)."""
+def store_scored(run: RecordedRun, scored: Iterable[Completion], done: ScoredBefore | None = None) -> None:
+    """Rescorings into the run's store as they come (`OutputWriter`: never a whole run's held); `done`: told
+    which tokens each scored (the baseline's tokens rescored here, which this run's own may reuse)."""
     writer = OutputWriter(run.store, run.run_id)
     for completion in scored:
         writer.add([completion])
-        if keep is not None:
-            keep[completion.key] = completion
+        if done is not None:
+            done.tokens[completion.key] = tokens_digest(completion.prompt_ids)
     writer.flush()
+
+
+def tokens_digest(tokens: Sequence[int]) -> bytes:
+    return hashlib.blake2b(array("q", tokens).tobytes(), digest_size=16).digest()
+
+
+@dataclass
+class ScoredBefore:
+    """A rescoring this run stored before another (the baseline's tokens, before its own): which tokens each
+    request's scored, as a digest, and its stored completions, read back a window at a time as they are
+    reused. A leaderboard-sized rescoring is never held: its completions are kilobytes a request."""
+
+    stored: Mapping[str, Completion]  # store.pass_outputs: by key, in the order the reuse asks for them
+    tokens: dict[str, bytes] = field(default_factory=dict)  # key -> tokens_digest(prompt and scored ids)
+
+    def get(self, key: str, tokens: list[int]) -> Completion | None:
+        """The stored rescoring of `key` when it scored these very tokens, as the engine gave it."""
+        if self.tokens.get(key) != tokens_digest(tokens):
+            return None
+        c = self.stored[key]
+        return Completion(key, tokens, c.output_ids, c.logprobs, c.top_ids, c.top_logprobs, c.token_texts, c.text,
+                          c.finish_reason, cached_tokens=c.cached_tokens, top_lengths=c.top_lengths)
 
 
 def rescoring_prompt(key: str, prompt_ids: list[int], output_ids: list[int]) -> Prompt:
@@ -142,11 +173,12 @@ def told(tokens: Tokens, progress: RescoreProgress | None, label: str) -> Tokens
 def rescore_run(rescore: Rescore, engine: Engine, run: RecordedRun) -> None:
     """The rescorings a run records, on the engine that ran its passes (before a probe replaces it), under the
     run's cache salt."""
-    done: dict[str, Completion] = {}
+    done = None
     if rescore.of_run is not None:
-        tokens = told(tokens_of_run(run.store, rescore.of_run, set(run.prompt_ids)), run.progress, BASELINE_LABEL)
+        done = ScoredBefore(run.store.pass_outputs(run.run_id, BASELINE_RESCORING, list(run.prompt_ids)))
+        tokens = told(tokens_of_run(run.store, rescore.of_run, run.prompt_ids.keys()), run.progress, BASELINE_LABEL)
         store_scored(run, score(engine, tokens, run.salt, BASELINE_RESCORING,
-                                stored=run.rescored.get(BASELINE_RESCORING, ())), keep=done)
+                                stored=run.rescored.get(BASELINE_RESCORING, ())), done)
     if rescore.own:
         # where this run chose the baseline's tokens, their rescoring here is this run's own too
         tokens = told(tokens_of(run.first_pass, run.prompt_ids), run.progress, OWN_LABEL)

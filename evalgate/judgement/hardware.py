@@ -120,26 +120,33 @@ def classify(divergence, decode_delta: float | None, here: Completion | None, de
     return ("near_tie" if near else "confident"), gap
 
 
-def envelope_deltas(here: RunRecord | None, there: RunRecord | None, skip: frozenset[str] | set[str] = frozenset()) -> list:
-    """|Δ logprob| per position between the two rescorings, one array per request in both (but `skip`: requests
-    whose rescorings are not their own); none without both."""
+def envelope_deltas(here: RunRecord | None, there: RunRecord | None,
+                    skip: frozenset[str] | set[str] = frozenset()) -> tuple[Any, int]:
+    """|Δ logprob| per position between the two rescorings of every request in both (but `skip`: requests whose
+    rescorings are not their own), as one array, and how many requests it covers; (None, 0) without both. One
+    array for a window of requests, not one a request: a leaderboard-sized run has millions of positions, and
+    an array costs 112 bytes before its first value."""
+    import numpy as np
+
     if here is None or there is None:
-        return []
+        return None, 0
     keys = [key for key in here.digests if key in there.digests and key not in skip]
     here.prefetch(keys)
     there.prefetch(keys)
-    return [d for d in (position_deltas(rescoring_of(k, here), rescoring_of(k, there)) for k in keys) if d is not None]
+    deltas = [d for d in (position_deltas(rescoring_of(k, here), rescoring_of(k, there)) for k in keys) if d is not None]
+    return (np.concatenate(deltas) if deltas else None), len(deltas)
 
 
-def envelope(deltas: list) -> dict[str, Any]:
-    """Max and p99 of the per-position deltas (`envelope_deltas`) over every request."""
+def envelope(deltas: list, requests: int) -> dict[str, Any]:
+    """Max and p99 of the per-position deltas of every window (`envelope_deltas`), over `requests` requests."""
     import numpy as np
 
     values = np.concatenate(deltas) if deltas else np.zeros(0)
     if not values.size:
         return {"max": None, "p99": None, "positions": 0, "requests": 0}
-    return {"max": float(values.max()), "p99": float(np.quantile(values, 0.99, method="higher")),
-            "positions": int(values.size), "requests": len(deltas)}
+    top = float(values.max())  # before the quantile reorders the values in place (no copy of millions)
+    return {"max": top, "p99": float(np.quantile(values, 0.99, method="higher", overwrite_input=True)),
+            "positions": int(values.size), "requests": requests}
 
 
 def across_hardware(verdicts: list[RequestVerdict], current: RunRecord, baseline: RunRecord, here: RunRecord | None,

@@ -115,6 +115,7 @@ class Tally:
     prompts: Counter = field(default_factory=Counter)  # compared, equal
     hardware: AcrossHardware | None = None
     deltas: list = field(default_factory=list)  # hardware.envelope_deltas of every window with both rescorings
+    delta_requests: int = 0  # the requests those cover
     measured: bool = False  # some window had both rescorings: the envelope is measured
 
     def add(self, window: Window, verdicts: list[RequestVerdict], varying: dict[int, list[str]], passes: list,
@@ -135,14 +136,16 @@ class Tally:
                 self.hardware, counts={c: n + hardware.counts[c] for c, n in self.hardware.counts.items()},
                 compared=self.hardware.compared + hardware.compared, flips=self.hardware.flips + hardware.flips)
             if window.here is not None and window.there is not None:
-                self.deltas += envelope_deltas(window.here, window.there, skip=set(unscored_requests(window.current)))
+                values, requests = envelope_deltas(window.here, window.there, skip=set(unscored_requests(window.current)))
+                self.deltas += [] if values is None else [values]
+                self.delta_requests += requests
                 self.measured = True
 
     def across_hardware(self) -> AcrossHardware | None:
         """The cross-hardware section of every window, with its envelope (None: a rescoring is missing)."""
         if self.hardware is None:
             return None
-        return replace(self.hardware, envelope=envelope(self.deltas) if self.measured else None)
+        return replace(self.hardware, envelope=envelope(self.deltas, self.delta_requests) if self.measured else None)
 
 
 def judge_windows(current: RunRecord, baseline: RunRecord | None, windows: Iterable[Window], judging: Judging,

@@ -106,6 +106,35 @@ def test_a_check_across_hardware_judged_a_window_at_a_time_is_judged_as_one_read
     assert windowed.hardware.envelope["requests"] == 6 and len(windowed.hardware.flips) == 1
 
 
+def test_a_check_across_hardware_reads_the_baseline_by_windows_and_its_own_rescoring_reuses_the_baselines(
+        inline_cli, tmp_path, fake_model, monkeypatch):
+    """A check on another class rescores the baseline's first-pass tokens read a window of requests at a time
+    (a leaderboard-sized baseline is never held whole), then its own: where it chose the baseline's tokens, that
+    rescoring is reused, read back from the store (never held either). One engine call per request for the
+    baseline's tokens, and one more for the one request whose tokens moved here (the near tie)."""
+    from evalgate.engines.fake import FakeEngine
+    from evalgate.execution import rescore
+
+    suite = suite_with(tmp_path, fake_model, 'fake_hardware_drift = ["p000"]\nfake_hardware_near_tie = ["p001"]')
+    inline_cli("baseline", "create", suite, check=0)
+    monkeypatch.setenv(*OTHER_CLASS)
+    monkeypatch.setattr(rescore, "WINDOW", 4)  # 6 requests: a window of 4, then one of 2
+    scored, generate = [], FakeEngine.generate
+
+    def counted(self, prompts, cache_salt=None):
+        scored.extend(p.key for p in prompts if p.location == "rescoring")
+        return generate(self, prompts, cache_salt)
+
+    monkeypatch.setattr(FakeEngine, "generate", counted)
+    inline_cli("check", suite, check=0)
+    assert sorted(scored) == sorted([f"p{i:03d}" for i in range(6)] + ["p001"])
+    rows = db_query(database_url(suite), "select request_key, pass_index, payload_hash from outputs "
+                                         "where run_id = 2 and pass_index < 0")
+    by_pass = {index: {key: payload for key, i, payload in rows if i == index} for index in (-1, -2)}
+    assert set(by_pass[-1]) == set(by_pass[-2]) == {f"p{i:03d}" for i in range(6)}
+    assert [key for key in sorted(by_pass[-1]) if by_pass[-1][key] != by_pass[-2][key]] == ["p001"]
+
+
 def test_check_adopt_returns_and_stores_the_adopted_report(inline_cli, tmp_path, fake_model, monkeypatch):
     """`check --adopt` with no confident flip: the check becomes its class's baseline, and the report it writes
     is the stored one, adoption included (the same bytes `evalgate report` reads back)."""
