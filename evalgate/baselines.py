@@ -102,7 +102,7 @@ def adopt_run(store: Store, run_id: int) -> Run:
                "from_label": section.baseline_label, "label": section.here_label, "counts": section.counts,
                "compared": section.compared, "envelope": section.envelope,
                "tolerance": to_json(section.tolerance), "mode": section.mode,
-               "rescored": bool(store.load(run_id, only_pass=OWN_RESCORING).digests)}
+               "rescored": store.has_outputs(run_id, OWN_RESCORING)}
     adopted = store.promote(run_id, receipt)
     record_update(store, run_id, "adopted", promoted=True, hardware=replace(section, adopted=True))
     return adopted

@@ -126,7 +126,8 @@ def merge(suite: Suite, group: str, *, kind: str = "check", store: Store | str |
     shards whose identity differs (a merged verdict over different stacks would mean nothing)."""
     url = suite_database(suite, store)
     store = open_store(url, create=False)
-    records = [store.load(r.id) for r in _complete_shards(store, suite, group, kind)]
+    # each shard's row and identity, not its outputs: a leaderboard-sized group is judged by windows once merged
+    records = [store.load(r.id, keys=[]) for r in _complete_shards(store, suite, group, kind)]
     classes: dict[str, list[RunRecord]] = {}  # a check's shards may run on several hardware classes
     for record in records:
         classes.setdefault(record.run.hardware_class, []).append(record)
@@ -148,7 +149,7 @@ def merge(suite: Suite, group: str, *, kind: str = "check", store: Store | str |
         merged_id = store.merge_runs([rec.run for rec in members], fingerprint)
         baseline_run_id = (find_baseline(suite, store, url, here=fingerprint["hardware"]).run_id if kind == "check"
                            else None)
-        keys = {key for rec in members for key in rec.requests}
+        keys = {key for rec in members for key in rec.fingerprint.request_hashes}
         # judged under the merge's policy (the suite's [gate], or --fail-on), never silently the first shard's
         judging = Judging(kind, strict=strict, allow_variance=allow_variance, in_scope=keys.__contains__,
                           policy=suite.gate)
@@ -182,7 +183,7 @@ def _complete_shards(store: Store, suite: Suite, group: str, kind: str) -> list[
 def merged_suite_component(members) -> dict:
     """The `suite` component of shards merged into one run: every shard's request hashes, and its adapters'
     section (which adapter each request ran under, their files), so the merge is judged as the shards were."""
-    data: dict = {"requests": {k: r.request_hash for rec in members for k, r in rec.requests.items()}}
+    data: dict = {"requests": {k: h for rec in members for k, h in rec.fingerprint.request_hashes.items()}}
     sections = [rec.fingerprint.adapters for rec in members if rec.fingerprint.adapters]
     if sections:
         data["adapters"] = {part: {k: v for s in sections for k, v in s[part].items()} for part in ("files", "requests")}
