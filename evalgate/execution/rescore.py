@@ -61,7 +61,7 @@ def tokens_of(completions: Mapping[str, Completion], prompt_ids: Mapping[str, Se
 
 def tokens_of_run(store: Store, run_id: int, keys: Collection[str]) -> Tokens:
     """A stored run's first-pass tokens of these requests (a shard's), with the prompt ids it ran, read a window
-    of requests at a time: a leaderboard-sized baseline is never held (every pass of it would be)."""
+    of requests at a time: a leaderboard-sized baseline's passes are never held whole."""
     for window in store.request_windows(run_id, WINDOW):
         window = [key for key in window if key in keys]
         if not window:
@@ -116,6 +116,7 @@ def store_scored(run: RecordedRun, scored: Iterable[Completion], done: ScoredBef
 
 
 def tokens_digest(tokens: Sequence[int]) -> bytes:
+    """16 bytes that tell one scored token sequence from another (what `ScoredBefore` keeps per request)."""
     return hashlib.blake2b(array("q", tokens).tobytes(), digest_size=16).digest()
 
 
