@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import json
 import math
 import os
 import sys
@@ -139,6 +140,25 @@ def tokenizer_dir(table: dict, root: Path, where: str, section: str, *,
     if path is not None and not is_dir(path):
         raise fail(where, f"`{section}tokenizer`: {path} is not a directory", "point it at a tokenizer directory or a Hub repo id")
     return path
+
+
+# Where transformers finds a tokenizer's chat template besides `chat_template` in tokenizer_config.json (and
+# tekken.json: a Mistral tokenizer brings its own).
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "additional_chat_templates", "tekken.json")
+
+
+def lacks_chat_template(directory: Path | None) -> bool:
+    """Whether a local tokenizer directory surely has no chat template: its tokenizer_config.json names none
+    and no template file lies beside it. False where the files cannot tell (the engine's tokenizer decides)."""
+    if not isinstance(directory, Path) or not is_file(directory / "tokenizer_config.json"):
+        return False
+    if any((directory / name).exists() for name in TEMPLATE_FILES):
+        return False
+    try:
+        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and not config.get("chat_template")
 
 
 def local_or_hub(value: str, revision: str | None, root: Path, where: str, field: str, revision_key: str,

@@ -24,6 +24,7 @@ from .config import (
     fail,
     is_dir,
     is_file,
+    lacks_chat_template,
     not_json,
     os_reason,
     resolve_database_url,
@@ -242,6 +243,7 @@ def load_suite(path: str | Path, *, database: str | None = None, hub: HubResolve
         if "lm_eval" in data else None
     prompts_file, prompts = _prompts_table(tables["prompts"], root, where, f"{prefix}prompts.", tuple(adapters),
                                            tasks=lm_eval is not None)
+    _chat_template_needed(engine, prompts, prompts_file, lm_eval, where, prefix)
     schedule, notes = _schedule_table(tables["schedule"], tables["probes"], where, prefix)
     if "load" in data:
         traced = isinstance(tables["load"], dict) and "trace" in tables["load"]
@@ -264,6 +266,23 @@ def load_suite(path: str | Path, *, database: str | None = None, hub: HubResolve
         gate=parse_gate_table(tables["gate"], where, prefix), notes=notes, template_date=template_date,
         adapters=adapters,
     )
+
+
+def _chat_template_needed(engine, prompts: list[Prompt], prompts_file: Path | None, lm_eval, where: str,
+                          prefix: str) -> None:
+    """Chats, or lm-eval told to apply the chat template, with a local tokenizer that has none: refused here,
+    before an engine starts (a large model's start costs minutes), as the engine would refuse them."""
+    tokenizer = engine.tokenizer or engine.model
+    if "chat_template" in engine.engine_args or not lacks_chat_template(tokenizer):
+        return  # a server given its own template, or a tokenizer that has one (or may)
+    fix = f"add the template to {tokenizer} (chat_template.jinja, or `chat_template` in tokenizer_config.json)"
+    chat = next((p for p in prompts if p.messages is not None), None)
+    if chat is not None:
+        raise fail(f"{prompts_file}:{chat.line}", f"prompt {chat.key!r}: a `messages` prompt, but the tokenizer "
+                   f"in {tokenizer} has no chat template", f"{fix}, or write the prompt as text (`prompt`)")
+    if lm_eval is not None and lm_eval.apply_chat_template:
+        raise fail(where, f"`{prefix}lm_eval.apply_chat_template` is set, but the tokenizer in {tokenizer} has no "
+                   "chat template", f"{fix}, or set apply_chat_template = false")
 
 
 def _serving_adapters(engine_cls, engine, adapters: dict[str, Adapter], where: str, sec: str):

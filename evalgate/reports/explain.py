@@ -87,7 +87,7 @@ def prompts_line(report) -> str | None:
     if counts.equal == counts.compared:
         return f"rendered prompts: equal, {counts.equal} of {counts.compared}"
     return (f"rendered prompts: {counts.compared - counts.equal} of {counts.compared} differ from the "
-            "baseline's (`prompt` explains those requests)")
+            "baseline's (each an explained change: `prompt`, or `suite` where the request itself changed)")
 
 
 def prompt_lines(report) -> list[str]:

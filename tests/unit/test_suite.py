@@ -511,3 +511,27 @@ def test_old_needle_keys_still_load_with_a_note_saying_where_they_moved(tmp_path
     with pytest.raises(ConfigError, match=r"`schedule\.needle_batch` and `probes\.needle\.batch` both set"):
         load_suite(write_suite(tmp_path / "both", schedule=BASE["schedule"] + "\nneedle_batch = 3",
                                **{"probes.needle": "batch = 4"}))
+
+
+def test_chats_for_a_tokenizer_without_a_chat_template_are_refused_before_an_engine_starts(tmp_path):
+    """The files say the tokenizer has no template: refused at load (exit 2, the line, the directory), not
+    after an engine start. Where the files name a template, or cannot tell, the engine's tokenizer decides."""
+    chats = [PROMPTS[0], {"id": "c", "messages": [{"role": "user", "content": "Hi"}]}]
+    path = write_suite(tmp_path / "ws", prompt_list=chats)
+    model = tmp_path / "ws" / "model"
+    assert load_suite(path).prompts[1].messages  # no tokenizer_config.json: the files cannot tell
+    (model / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    said = config_error(path)
+    assert f"{tmp_path / 'ws' / 'prompts.jsonl'}:2: prompt 'c': a `messages` prompt" in said
+    assert f"the tokenizer in {model} has no chat template" in said and "chat_template.jinja" in said
+    (model / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    assert load_suite(path).prompts[1].messages
+    (model / "chat_template.jinja").unlink()
+    (model / "tokenizer_config.json").write_text('{"chat_template": "{{ messages[0][\'content\'] }}"}')
+    assert load_suite(path).prompts[1].messages
+    (model / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    tasks = write_suite(tmp_path / "ws", name="tasks.toml", prompts=None,
+                        lm_eval='tasks = ["arith"]\napply_chat_template = true')
+    assert "`lm_eval.apply_chat_template` is set, but the tokenizer" in config_error(tasks)
+    assert load_suite(write_suite(tmp_path / "ws", name="plain.toml", prompt_list=None, prompts=None,
+                                  lm_eval='tasks = ["arith"]')).lm_eval.tasks == ("arith",)
