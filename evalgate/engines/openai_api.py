@@ -51,6 +51,11 @@ VLLM_SERVER_RESERVED = {
     "model_hash": "evalgate hashes `{sec}model` itself when it starts the server; remove `{sec}model_hash`",
     "lora_modules": "name the adapters in [adapters] (evalgate serves each under its name); remove `{sec}lora_modules`",
 }
+# What a request leaves out, a vLLM server takes from the model's generation_config.json (its default
+# `--generation-config auto`: Qwen's repetition_penalty, say), where vLLM in process takes these neutral values.
+# Sent with every request, so both routes run exactly the suite's [sampling] (and the same filler and trace).
+NEUTRAL_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_p": 1.0,
+                    "top_k": 0, "min_p": 0.0}
 RETRY_STATUSES = {408, 425, 429}  # and every 5xx
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # /metrics cache_config_info labels that describe capacity (memory left over), not numerics: kept out of identity.
@@ -518,7 +523,7 @@ class OpenAIEngine(Engine):
                 return _scored(prompt, windows, k)
             finally:
                 self.client.stats.client_seconds += time.perf_counter() - t0
-        body = {**sampling, **salt, "return_tokens_as_token_ids": True}  # top-k keyed by id: texts can collide
+        body = {**NEUTRAL_SAMPLING, **sampling, **salt, "return_tokens_as_token_ids": True}  # top-k by id: texts collide
         if prompt.messages is not None and prompt.prompt_ids is None and prompt.key not in self.pinned_chats:
             # the server renders the chat with its own template and returns the ids it ran
             body.update(messages=prompt.chat(), logprobs=True, top_logprobs=k)
@@ -540,15 +545,15 @@ class OpenAIEngine(Engine):
     async def send_filler(self, prompt: str, max_tokens: int) -> None:
         """One filler request (load.py): not retried, not recorded."""
         await self.client.call("POST", "/v1/completions", {
-            "model": self.served_model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True}, retries=0)
+            **NEUTRAL_SAMPLING, "model": self.served_model, "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": 0.0, "ignore_eos": True}, retries=0)
 
     async def send_trace(self, request) -> None:
         """One trace request (replay.py): its token ids or text, not retried, not recorded."""
         prompt = list(request.prompt_ids) if request.prompt_ids is not None else request.text
         await self.client.call("POST", "/v1/completions", {
-            "model": self.served_model, "prompt": prompt, "max_tokens": request.max_tokens, "temperature": 0.0,
-            "ignore_eos": True}, retries=0)
+            **NEUTRAL_SAMPLING, "model": self.served_model, "prompt": prompt, "max_tokens": request.max_tokens,
+            "temperature": 0.0, "ignore_eos": True}, retries=0)
 
     def replay_timed(self, trace, prompts: list[Prompt], *, seed: int, cache_salt: str | None,
                      step_seconds: float) -> tuple[list[Completion], dict]:

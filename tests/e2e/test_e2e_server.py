@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -64,8 +65,20 @@ def start_server(model: Path, cli_env, **args):
 
 
 @pytest.fixture(scope="module")
-def api_server(tiny_model, cli_env):
-    server = start_server(tiny_model, cli_env)
+def defaults_model(tmp_path_factory, tiny_model) -> Path:
+    """The tiny model with sampling defaults in its generation_config.json, as Qwen's has: a vLLM server applies
+    them to every request that leaves them out, vLLM in process never."""
+    model = tmp_path_factory.mktemp("defaults") / "model"
+    shutil.copytree(tiny_model, model)
+    config = json.loads((model / "generation_config.json").read_text())
+    config.update(repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.5, top_k=3, min_p=0.3)
+    (model / "generation_config.json").write_text(json.dumps(config))
+    return model
+
+
+@pytest.fixture(scope="module")
+def api_server(defaults_model, cli_env):
+    server = start_server(defaults_model, cli_env)
     yield server
     server.stop()
 
@@ -153,12 +166,15 @@ def test_vllm_server_create_then_check(cli, tmp_path, tiny_model):
     assert not _guards_of(os.getpid())  # nothing left running (the server belonged to the engine process anyway)
 
 
-def test_openai_matches_in_process_engine_and_never_stores_the_key(key_cli, tmp_path, tiny_model, api_server):
-    """The same fp32 model through the API and in process: identical token ids, logprob bits and top-k."""
-    served = str(tiny_model)
-    suite = serving_suite(tmp_path / "api", tiny_model, PROMPTS, url=api_server.url, served=served, concurrency=(1, 4))
+def test_openai_matches_in_process_engine_and_never_stores_the_key(key_cli, tmp_path, defaults_model, api_server):
+    """The same fp32 model through the API and in process: identical token ids, logprob bits and top-k, though
+    the model's generation_config.json names sampling defaults (the server would apply them to what a request
+    leaves out: evalgate leaves out nothing)."""
+    served = str(defaults_model)
+    suite = serving_suite(tmp_path / "api", defaults_model, PROMPTS, url=api_server.url, served=served,
+                          concurrency=(1, 4))
     created = key_cli("baseline", "create", suite, "--json-report", tmp_path / "api.json", check=0)
-    offline = write_suite(tmp_path / "inproc", tiny_model, PROMPTS, concurrency=(1,), shuffles=0)
+    offline = write_suite(tmp_path / "inproc", defaults_model, PROMPTS, concurrency=(1,), shuffles=0)
     key_cli("baseline", "create", offline, check=0)
 
     fields = ("key", "ids", "logprob_bits", "top_ids", "top_logprob_bits", "digest", "finish_reason")
@@ -180,7 +196,7 @@ def test_openai_matches_in_process_engine_and_never_stores_the_key(key_cli, tmp_
     print("openai tiny:", _throughput(_passes(database_url(suite), 1)))
 
     # a wrong model name against the real server: exit 2, nothing written
-    wrong = serving_suite(tmp_path / "wrong", tiny_model, PROMPTS[:2], url=api_server.url, served="not-the-model")
+    wrong = serving_suite(tmp_path / "wrong", defaults_model, PROMPTS[:2], url=api_server.url, served="not-the-model")
     proc = key_cli("baseline", "create", wrong, check=2)
     assert "does not serve 'not-the-model'" in " ".join((proc.stdout + proc.stderr).split())
     assert not (tmp_path / "wrong" / "evalgate.sqlite").exists()
@@ -215,7 +231,7 @@ def test_batch_variance_under_busy_batch(cli, tmp_path, tiny_model):
     print(f"planted variance under load: {varied}/{len(PROMPTS)}; filler {loaded[0]['load']};", _throughput(passes))
 
 
-def test_a_trace_replayed_against_the_server_is_recorded_as_it_happened(key_cli, tmp_path, tiny_model, api_server):
+def test_a_trace_replayed_against_the_server_is_recorded_as_it_happened(key_cli, tmp_path, defaults_model, api_server):
     """Timed placement: each event at its offset, a cancel closing its connection after its seconds, the
     gated requests at their marker. The replay's record matches the trace."""
     # every event due before the gated requests (the replay ends when they finish); the two short ones end
@@ -226,7 +242,7 @@ def test_a_trace_replayed_against_the_server_is_recorded_as_it_happened(key_cli,
              {"at": 0.06, "tokens": 20, "max_tokens": 4},
              {"at": 0.1, "gated": True}]
     ws = tmp_path / "ws"
-    suite = serving_suite(ws, tiny_model, PROMPTS[:4], url=api_server.url, served=str(tiny_model), concurrency=(4,),
+    suite = serving_suite(ws, defaults_model, PROMPTS[:4], url=api_server.url, served=str(defaults_model), concurrency=(4,),
                           max_tokens=8, extra='\n[load]\ntrace = "traffic.jsonl"\nconcurrency = [4]\n')
     suite.write_text(suite.read_text().replace("hot_pass = true", "hot_pass = false")
                      .replace("[sampling]\n", "[sampling]\nignore_eos = true\n"))  # the gated requests take 8 tokens
