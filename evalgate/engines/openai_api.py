@@ -386,6 +386,7 @@ class OpenAIEngine(Engine):
             "system_fingerprint": self.info.system_fingerprint,
             "cache_config": cache,
             "batch_invariance": self._invariance(),
+            "sampling_sent": NEUTRAL_SAMPLING,  # what every request names beyond [sampling] (a baseline from before did not)
         }
 
     def _invariance(self) -> dict[str, Any]:
