@@ -236,6 +236,11 @@ def load_suite(path: str | Path, *, database: str | None = None, hub: HubResolve
     engine_cls = ENGINES.load(kind)
     engine = engine_cls.parse_config(dict(tables["engine"]), root, where, sec, hub=hub)
     sampling = _sampling_table(tables["sampling"], where, f"{prefix}sampling.")
+    cap = engine_cls.logprobs_cap(engine.engine_args)
+    if cap is not None and sampling["logprobs"] > cap:  # else the engine refuses every request, mid-run
+        raise fail(where, f"`{prefix}sampling.logprobs` is {sampling['logprobs']}, above the {kind} engine's cap "
+                   f"of {cap} (`{sec}max_logprobs`, {'set' if 'max_logprobs' in engine.engine_args else 'by default'})",
+                   f"lower it to {cap} or less, or raise the cap: max_logprobs = {sampling['logprobs']} in [{prefix}engine]")
     adapters = parse_adapters(tables["adapters"], root, where, f"{prefix}adapters.", hub=hub)
     if adapters:
         engine = _serving_adapters(engine_cls, engine, adapters, where, sec)

@@ -82,6 +82,11 @@ class Engine:
             engine_args=config.json_values({k: v for k, v in table.items() if k not in cls.own_keys}, where, section),
         )
 
+    @classmethod
+    def logprobs_cap(cls, engine_args: dict) -> int | None:
+        """The most logprobs a request may ask for, as the kind's settings say (None: it does not say)."""
+        return None
+
     def identity(self) -> dict[str, Any]:
         """The `engine` fingerprint component: everything about the engine that may change outputs."""
         raise NotImplementedError

@@ -17,6 +17,7 @@ from ..errors import ConfigError, EngineError, MissingDependency
 from ..fingerprint import env_snapshot, runtime_libraries
 from ..records import Completion, Positions, as_ids, rank_top_rows
 from .base import INVARIANCE_PLATFORMS, Engine, arrange_batch_invariance, confirm_cpu_invariance, request_salt
+from .defaults import vllm_logprobs_cap
 
 if TYPE_CHECKING:
     from ..configuration.suite import Suite
@@ -77,6 +78,10 @@ class VllmOfflineEngine(Engine):
     starts_probe_engines = True
     placement = "step"
     serves_adapters = "started"
+
+    @classmethod
+    def logprobs_cap(cls, engine_args: dict) -> int | None:
+        return vllm_logprobs_cap(engine_args)
 
     def __init__(self, suite: Suite):
         self.suite = suite

@@ -37,6 +37,7 @@ from ..errors import ConfigError, EngineError
 from ..fingerprint import env_snapshot
 from ..processes import set_parent_death_signal
 from .base import EngineConfig, arrange_batch_invariance, confirm_cpu_invariance
+from .defaults import vllm_logprobs_cap
 from .openai_api import VLLM_SERVER_OWN_KEYS, OpenAIEngine, api_key, parse_server_config
 from .vllm_offline import platform_name
 
@@ -205,6 +206,10 @@ class VllmServerEngine(OpenAIEngine):
     def parse_config(cls, table: dict, root, where: str, section: str, *,
                      hub: HubResolver = resolve_hub_repo) -> EngineConfig:
         return parse_server_config(cls.kind, table, root, where, section, hub)
+
+    @classmethod
+    def logprobs_cap(cls, engine_args: dict) -> int | None:
+        return vllm_logprobs_cap(engine_args)  # its flags: --max-logprobs
 
     def __init__(self, suite: Suite):
         self.suite = suite

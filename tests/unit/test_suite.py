@@ -535,3 +535,19 @@ def test_chats_for_a_tokenizer_without_a_chat_template_are_refused_before_an_eng
     assert "`lm_eval.apply_chat_template` is set, but the tokenizer" in config_error(tasks)
     assert load_suite(write_suite(tmp_path / "ws", name="plain.toml", prompt_list=None, prompts=None,
                                   lm_eval='tasks = ["arith"]')).lm_eval.tasks == ("arith",)
+
+
+def test_logprobs_above_the_engines_cap_are_refused_as_the_suite_loads(tmp_path):
+    """vLLM refuses a request asking more logprobs than `max_logprobs` (20 unless set): mid-run, every
+    request. Refused at load instead, naming both settings; a raised or lifted cap loads."""
+    said = config_error(write_suite(tmp_path / "over", sampling="logprobs = 25"))
+    assert "`sampling.logprobs` is 25, above the vllm engine's cap of 20 (`engine.max_logprobs`, by default)" in said
+    assert "max_logprobs = 25 in [engine]" in said
+    assert load_suite(write_suite(tmp_path / "at", sampling="logprobs = 20")).sampling["logprobs"] == 20
+    for cap in ("25", "-1"):
+        raised = write_suite(tmp_path / f"cap{cap}", sampling="logprobs = 25", engine=BASE["engine"] + f"\nmax_logprobs = {cap}")
+        assert load_suite(raised).sampling["logprobs"] == 25
+    lowered = write_suite(tmp_path / "low", sampling="logprobs = 8", engine=BASE["engine"] + "\nmax_logprobs = 5")
+    assert "is 8, above the vllm engine's cap of 5 (`engine.max_logprobs`, set)" in config_error(lowered)
+    fake = write_suite(tmp_path / "fake", sampling="logprobs = 25", engine='kind = "fake"\nmodel = "model"')
+    assert load_suite(fake).sampling["logprobs"] == 25  # a kind that names no cap
