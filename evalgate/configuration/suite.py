@@ -53,6 +53,16 @@ SAMPLING_KEYS = {
     "frequency_penalty": (int, float),
     "ignore_eos": bool,
 }
+# vLLM's bounds (SamplingParams._verify_args): a value outside them is refused by vLLM on every request, mid-run.
+SAMPLING_BOUNDS = {
+    "temperature": (lambda v: 0 <= v <= 2, "in [0, 2]"),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "min_p": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "top_k": (lambda v: v >= -1, "0 or -1 for no cut-off, or at least 1"),
+    "repetition_penalty": (lambda v: v > 0, "above 0, where 1 is none"),
+    "presence_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
+    "frequency_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
+}
 TOP_TABLES = ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "cost", "load", "gate", "probes", "adapters")
 SUITE_KEYS = {"name", "database", "code_paths", "template_date"}
 PROMPTS_TABLE_KEYS = {"file", "adapters"}
@@ -332,12 +342,15 @@ def _sampling_table(table: dict, where: str, sec: str) -> dict[str, Any]:
     for key, types in SAMPLING_KEYS.items():
         value = typed(table, key, types, where, sec)
         if value is not None:
-            if key == "stop" and not all(isinstance(s, str) for s in value):
-                raise fail(where, f"`{sec}stop` entries must be strings, got {short(value)}",
+            if key == "stop" and not all(isinstance(s, str) and s for s in value):
+                raise fail(where, f"`{sec}stop` entries must be non-empty strings, got {short(value)}",
                            'list stop strings, e.g. stop = ["\\n\\n"]')
             reason = not_json(value)
             if reason:  # request hashes are canonical JSON: nan/inf cannot be identity
                 raise fail(where, f"`{sec}{key}` is {reason}", f"set `{key}` to a finite number")
+            within, bounds = SAMPLING_BOUNDS.get(key, (None, ""))
+            if within is not None and not within(value):
+                raise fail(where, f"`{sec}{key}` is {value}; vLLM takes {bounds}", f"set `{key}` {bounds}")
             # 1 and 1.0 must hash alike: numbers of float-valued parameters are stored as floats.
             sampling[key] = float(value) if isinstance(types, tuple) and float in types else value
     if sampling["max_tokens"] < 1:

@@ -290,6 +290,30 @@ def test_max_tokens_below_one(tmp_path):
     assert "`sampling.max_tokens` must be >= 1" in config_error(write_suite(tmp_path, sampling="max_tokens = 0"))
 
 
+@pytest.mark.parametrize("setting, said", [
+    ("temperature = -0.5", "`sampling.temperature` is -0.5; vLLM takes in [0, 2]"),
+    ("temperature = 2.5\nseed = 1", "`sampling.temperature` is 2.5; vLLM takes in [0, 2]"),
+    ("top_p = 0", "`sampling.top_p` is 0; vLLM takes in (0, 1]"),
+    ("top_p = 1.5", "`sampling.top_p` is 1.5; vLLM takes in (0, 1]"),
+    ("min_p = 1.5", "`sampling.min_p` is 1.5; vLLM takes in [0, 1]"),
+    ("top_k = -2", "`sampling.top_k` is -2; vLLM takes 0 or -1 for no cut-off, or at least 1"),
+    ("repetition_penalty = 0", "`sampling.repetition_penalty` is 0; vLLM takes above 0"),
+    ("presence_penalty = 2.5", "`sampling.presence_penalty` is 2.5; vLLM takes in [-2, 2]"),
+    ("frequency_penalty = -2.5", "`sampling.frequency_penalty` is -2.5; vLLM takes in [-2, 2]"),
+    ('stop = ["", "\\n"]', "`sampling.stop` entries must be non-empty strings"),
+])
+def test_sampling_outside_vllms_bounds_is_refused_as_the_suite_loads(tmp_path, setting, said):
+    """vLLM refuses such a request, every request, mid-run: refused at load instead, with the bounds."""
+    assert said in config_error(write_suite(tmp_path, sampling=setting))
+
+
+def test_sampling_at_vllms_bounds_loads(tmp_path):
+    edges = "temperature = 2\nseed = 1\ntop_p = 1\nmin_p = 0\ntop_k = -1\nrepetition_penalty = 0.01\n" \
+            "presence_penalty = -2\nfrequency_penalty = 2"
+    sampling = load_suite(write_suite(tmp_path, sampling=edges)).sampling
+    assert sampling["top_k"] == -1 and sampling["temperature"] == 2.0 and sampling["frequency_penalty"] == 2.0
+
+
 def test_temperature_without_seed(tmp_path):
     msg = config_error(write_suite(tmp_path, sampling="temperature = 0.8"))
     assert "`sampling.temperature` > 0 without `sampling.seed`" in msg
