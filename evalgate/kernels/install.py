@@ -96,17 +96,18 @@ def uncovered_ops(model, lora: bool = False) -> list[str]:
     nor checks. Named by vLLM's class, so a report can say which op keeps the mode from being in force."""
     from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
 
-    found = set()
+    found: set[str] = set()
+    families: dict[str, set[str]] = {}  # one entry per family, naming each of its classes the model has
     for module in model.modules():
         kind = type(module).__name__
         if isinstance(module, LinearBase) and not isinstance(module.quant_method, UnquantizedLinearMethod):
-            found.add(f"quantized linear layers ({type(module.quant_method).__name__})")
+            families.setdefault("quantized linear layers", set()).add(type(module.quant_method).__name__)
         elif "MoE" in kind:
-            found.add(f"mixture-of-experts layers ({kind})")
+            families.setdefault("mixture-of-experts layers", set()).add(kind)
         elif "Mamba" in kind or "ShortConv" in kind or "LinearAttention" in kind:
-            found.add(f"state-space or linear-attention layers ({kind})")
+            families.setdefault("state-space or linear-attention layers", set()).add(kind)
         elif "MLA" in kind:
-            found.add(f"multi-head latent attention ({kind})")
+            families.setdefault("multi-head latent attention", set()).add(kind)
         impl = getattr(module, "impl", None)
         if impl is not None and type(impl).__name__ == "CPUAttentionBackendImpl":
             if impl.alibi_slopes is not None or impl.sinks is not None or impl.logits_soft_cap:
@@ -115,7 +116,7 @@ def uncovered_ops(model, lora: bool = False) -> list[str]:
             found.add(f"attention backend {type(impl).__name__}")
     if lora:
         found.add("LoRA adapters (vLLM's CPU punica ops)")
-    return sorted(found)
+    return sorted(found | {f"{family} ({', '.join(sorted(kinds))})" for family, kinds in families.items()})
 
 
 def _name(value) -> str:
