@@ -233,25 +233,24 @@ def _child_main(job, kwargs: dict, messages, env: Mapping[str, str | None] | Non
     # group, and a second interrupt here could cut the child's own clean-up short.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, interrupt)
-    code = 0
+    outcome, code = ("interrupted",), 130
     try:
         result = job(**kwargs, progress=lambda *figures: messages.put(("progress", *figures)),
                      on_run=lambda run_id: messages.put(("run", run_id)))
-        messages.put(("done", result))
+        outcome, code = ("done", result), 0
     except KeyboardInterrupt:
-        messages.put(("interrupted",))
-        code = 130
+        pass
     except EvalgateError as exc:
-        messages.put(("error", int(exc.exit_code), exc.message, exc.fix))
-        code = 1
+        outcome, code = ("error", int(exc.exit_code), exc.message, exc.fix), 1
     except BaseException as exc:  # anything else from the engine is an infrastructure error
         error = _engine_failure(exc)
-        messages.put(("error", int(error.exit_code), error.message, error.fix))
-        code = 1
+        outcome, code = ("error", int(error.exit_code), error.message, error.fix), 1
     finally:
-        # The outcome is sent, and the parent SIGTERMs a child that reported an error: interrupting the
-        # queue's flush here could leave its lock held and hang this process's exit for GRACE_SECONDS.
+        # The outcome is decided, and the parent SIGTERMs a child that reported an error: stop listening before
+        # sending it. An interrupt from then on would land in the clean-up (a traceback in the engine log's
+        # tail) or in the queue's flush (its lock held: this process's exit hangs for GRACE_SECONDS).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        messages.put(outcome)
         messages.close()
         messages.join_thread()
     # Exit without the interpreter's teardown of torch's and vLLM's module graph (seconds per run, measured
