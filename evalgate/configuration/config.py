@@ -200,6 +200,7 @@ def mib(n: int) -> str:
 
 
 BOM = "\ufeff"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # little- and big-endian: what Windows PowerShell's `>` writes first
 
 
 def read_capped(path: Path, limit: int, what: str, fix: str) -> bytes:
@@ -236,7 +237,15 @@ def read_text(path: Path, limit: int, what: str, *, too_large: str, missing: str
     try:
         return without_bom(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 (byte {exc.start})", fix=f"save the {what} as UTF-8") from None
+        raise not_utf8(f"{path}: not UTF-8 (byte {exc.start})", raw, what) from None
+
+
+def not_utf8(message: str, raw: bytes, what: str) -> ConfigError:
+    """A file that is not UTF-8, saying so, and that it is UTF-16 where its first bytes say it is."""
+    if raw.startswith(UTF16_BOMS):
+        return ConfigError(f"{message}: it is UTF-16 (it starts with UTF-16's byte-order mark)",
+                           fix=f"save the {what} as UTF-8 (in PowerShell, `Out-File -Encoding utf8` instead of `>`)")
+    return ConfigError(message, fix=f"save the {what} as UTF-8")
 
 
 def without_bom(text: str) -> str:

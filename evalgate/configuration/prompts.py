@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from ..errors import ConfigError
 from .adapters import BASE_MODEL, adapter_choices
-from .config import BOM, read_capped
+from .config import BOM, not_utf8, read_capped
 
 PROMPT_KEYS = {"id", "prompt", "messages", "chat_template_kwargs", "max_tokens", "metadata", "adapter"}
 CHAT_ROLES = ("system", "developer", "user", "assistant")
@@ -101,7 +101,7 @@ def load_prompts(path: Path, adapters: tuple[str, ...] = (), run_under: tuple[st
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"{where}: not UTF-8 (byte {exc.start} of the line)", fix="save the prompts file as UTF-8") from None
+            raise not_utf8(f"{where}: not UTF-8 (byte {exc.start} of the line)", raw, "prompts file") from None
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:

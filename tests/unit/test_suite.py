@@ -144,6 +144,23 @@ def test_files_saved_with_a_byte_order_mark_read_as_without_one(tmp_path):
     assert marked.identity() == plain.identity() and marked.sampling == plain.sampling
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
+def test_files_saved_as_utf16_are_refused_saying_so(tmp_path, encoding):
+    """Windows PowerShell's `>` writes UTF-16: the error names it and the fix, for the suite and the prompts."""
+    path = write_suite(tmp_path / "ws")
+    prompts = tmp_path / "ws" / "prompts.jsonl"
+    bom = "\ufeff" if encoding == "utf-16-be" else ""  # "utf-16" writes its own mark
+    prompts.write_bytes((bom + prompts.read_text()).encode(encoding))
+    said = config_error(path)
+    assert f"{prompts}:1: not UTF-8" in said and "it is UTF-16" in said and "Out-File -Encoding utf8" in said
+    path.write_bytes((bom + path.read_text()).encode(encoding))
+    said = config_error(path)
+    assert f"{path}: not UTF-8 (byte 0): it is UTF-16" in said and "save the suite file as UTF-8" in said
+    prompts.write_bytes(b'{"id": "a", "prompt": "caf\xe9"}\n')
+    path.write_text(path.read_bytes().decode(encoding).removeprefix("\ufeff"))
+    assert "UTF-16" not in config_error(path)  # Latin-1, say: not UTF-8, and nothing more is claimed
+
+
 def test_relative_paths_do_not_depend_on_cwd(tmp_path, monkeypatch):
     write_suite(tmp_path / "suite")
     elsewhere = tmp_path / "elsewhere"
