@@ -80,10 +80,11 @@ def os_reason(exc: BaseException) -> str:
 
 
 def resolve_path(root: Path, value: str, where: str, field: str) -> Path:
-    """`root / value`, resolved. A path the OS cannot look at (NUL byte, name too long, symlink loop, no
-    permission) is a ConfigError naming the field; a path that does not exist is returned for the caller to judge."""
+    """`root / value`, resolved (`~` is the home directory, as in a shell). A path the OS cannot look at (NUL
+    byte, name too long, symlink loop, no permission) is a ConfigError naming the field; a path that does not
+    exist is returned for the caller to judge."""
     try:
-        path = (root / value).resolve()
+        path = (root / Path(value).expanduser()).resolve()
         os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return path

@@ -172,6 +172,15 @@ def test_relative_paths_do_not_depend_on_cwd(tmp_path, monkeypatch):
     assert suite.database == f"sqlite:///{tmp_path / 'suite' / 'db' / 'evalgate.sqlite'}"
 
 
+def test_a_path_under_the_home_directory_may_start_with_a_tilde(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    write_model(tmp_path / "home" / "models" / "m")
+    write_prompts(tmp_path / "home" / "p.jsonl")
+    path = write_suite(tmp_path / "suite", engine='model = "~/models/m"', prompts='file = "~/p.jsonl"')
+    suite = load_suite(path)
+    assert suite.model == tmp_path / "home" / "models" / "m" and suite.prompts_file == tmp_path / "home" / "p.jsonl"
+
+
 def test_database_override_from_the_command_line_resolves_against_cwd(tmp_path, monkeypatch):
     path = write_suite(tmp_path / "suite")
     elsewhere = tmp_path / "elsewhere"
