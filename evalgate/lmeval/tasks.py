@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 from ..configuration.lock import FETCH_FIX, HUB_ID, LOCK_FILE, Pin, locked_snapshot, read_lock
 from ..configuration.prompts import SCORING_TYPES
-from ..configuration.suite import LmEvalConfig, Suite
+from ..configuration.suite import SAMPLING_BOUNDS, SAMPLING_KEYS, LmEvalConfig, Suite
 from ..errors import ConfigError, EvalgateError, MissingDependency
 from ..hashing import digest, jsonable
 
@@ -312,6 +312,7 @@ class TaskRun:
                              "docs": digest(docs.get(name, {})), "n_docs": len(docs.get(name, {}))}
                       for name, cfg in sorted(results.get("configs", {}).items())},
         }
+        _refuse_ungateable_generation(suite, requests)
         adapter = self.prepared.config.adapter  # [lm_eval] adapter: every task request runs under it
         if adapter:
             _refuse_unscored(suite, adapter, requests)
@@ -372,6 +373,39 @@ def _refuse_unscored(suite: Suite, adapter: str, requests) -> None:
                           f"{' and '.join(scoring)} requests: {reason}, so these would be scored without the adapter",
                           fix="run the loglikelihood tasks under an adapter that leaves out lm_head and the embeddings "
                               "(or none), and keep generation tasks under this one")
+
+# What a task's generation_kwargs may set: [sampling]'s keys, and the vLLM sampling parameters evalgate (like
+# lm-eval's vLLM backend) passes on as they are.
+TASK_SAMPLING_KEYS = frozenset(SAMPLING_KEYS) | {"skip_special_tokens", "spaces_between_special_tokens", "min_tokens",
+                                                 "stop_token_ids", "include_stop_str_in_output"}
+
+
+def _refuse_ungateable_generation(suite: Suite, requests) -> None:
+    """A task's generation_kwargs that vLLM would refuse on every request, mid-run (a Hugging Face key such as
+    `num_beams`, a value out of vLLM's bounds), or that sample without a seed (random outputs cannot be gated):
+    exit 2 naming the task, before anything is stored. [sampling]'s own are checked as the suite loads."""
+    for p in requests:
+        if p.request_type != "generate_until":
+            continue
+        where = f"lm-eval task {p.key.split('/')[0]!r} ({p.location})"
+        own = p.sampling or {}
+        unknown = sorted(set(own) - TASK_SAMPLING_KEYS)
+        if unknown:
+            raise ConfigError(f"{where}: generation_kwargs `{unknown[0]}` is not a vLLM sampling parameter",
+                              fix=f"remove `{unknown[0]}` from the task's generation_kwargs (vLLM decodes one sequence; "
+                                  f"it takes: {', '.join(sorted(TASK_SAMPLING_KEYS))})")
+        for key, value in own.items():
+            within, bounds = SAMPLING_BOUNDS.get(key, (None, ""))
+            if within is not None and isinstance(value, (int, float)) and not within(value):
+                raise ConfigError(f"{where}: generation_kwargs `{key}` is {value}; vLLM takes {bounds}",
+                                  fix=f"set `{key}` {bounds} in the task's generation_kwargs")
+        params = suite.sampling_for(p)
+        if float(params.get("temperature") or 0) > 0 and params.get("seed") is None:
+            raise ConfigError(f"{where}: its generation_kwargs sample (temperature {params['temperature']}) without a "
+                              "seed: its outputs would be random, which no gate can compare",
+                              fix="set `seed` in [sampling] (the tasks' requests take it), or make the task greedy "
+                                  "(do_sample: false)")
+
 
 def _docs_by_task(lm) -> dict[str, dict]:
     """Each task's documents as lm-eval evaluated them (doc_id -> doc), from the recorded instances: the

@@ -60,3 +60,44 @@ def test_lm_eval_scores_pass_zero_read_a_window_at_a_time_as_if_read_whole(inlin
     assert {"word_perplexity,none", "bits_per_byte,none", "acc,none"} <= {metric for _, metric in metrics}
     assert len({value for (task, _), value in metrics.items() if task == "evalgate_sentences"}) > 1 and samples
     assert reads and max(reads) <= 2  # what scoring read of pass 0: two requests at a time
+
+
+ARITH = """[suite]
+name = "gen"
+database = "sqlite:///gen.sqlite"
+[engine]
+kind = "fake"
+model = "{model}"
+[sampling]
+{sampling}
+[lm_eval]
+include_path = ["tasks"]
+tasks = ["evalgate_arith"]
+limit = 3
+[schedule]
+concurrency = [1]
+shuffles = 0
+"""
+
+
+def test_task_generation_kwargs_vllm_would_refuse_or_that_sample_unseeded_are_usage_errors(inline_cli, tmp_path,
+                                                                                          tokenized_model):
+    """A task's generation_kwargs as tasks in the wild write them: a Hugging Face key (`num_beams`) vLLM refuses on
+    every request, or sampling without a seed (random outputs, no gate). Exit 2 naming the task, nothing stored;
+    a seed in [sampling] makes the sampling gateable."""
+    cases = [("  num_beams: 1\n", "", "generation_kwargs `num_beams` is not a vLLM sampling parameter"),
+             ("  top_p: 0\n", "", "generation_kwargs `top_p` is 0; vLLM takes in (0, 1]"),
+             ("  temperature: 0.7\n", "", "sample (temperature 0.7) without a seed"),
+             ("  temperature: 0.7\n", "seed = 5", None)]
+    for i, (kwargs, sampling, said) in enumerate(cases):
+        ws = tmp_path / f"ws{i}"
+        shutil.copytree(EXAMPLE_TASKS, ws / "tasks")
+        task = ws / "tasks" / "arith.yaml"
+        task.write_text(task.read_text().replace("  do_sample: false\n", kwargs), encoding="utf-8")
+        suite = ws / "evalgate.toml"
+        suite.write_text(ARITH.format(model=tokenized_model, sampling=sampling), encoding="utf-8")
+        proc = inline_cli("baseline", "create", suite, check=0 if said is None else 2)
+        if said is not None:
+            out = " ".join((proc.stdout + proc.stderr).split())
+            assert "lm-eval task 'evalgate_arith' (evalgate_arith doc 0)" in out and said in out, out[-600:]
+            assert not (ws / "gen.sqlite").exists()
