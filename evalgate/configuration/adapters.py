@@ -16,7 +16,7 @@ from typing import Any
 
 from ..fingerprint import adapter_files
 from ..hashing import digest
-from .config import fail, is_dir, local_or_hub, short, typed
+from .config import fail, is_dir, local_or_hub, refuse_lfs_pointers, short, typed
 from .lock import HubResolver, resolve_hub_repo
 
 BASE_MODEL = "base"  # the base model, no adapter: a name `[prompts] adapters` may list, never an adapter's own
@@ -99,6 +99,7 @@ def read_adapter(name: str, path: Path, where: str, field: str) -> Adapter:
            "(`evalgate build-adapter` makes one for a local model)")
     if not is_dir(path):
         raise fail(where, f"`{field}`: {path} is not a directory", fix)
+    refuse_lfs_pointers(path, where, field)
     try:
         config = json.loads((path / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     except FileNotFoundError:

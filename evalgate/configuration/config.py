@@ -108,6 +108,42 @@ def is_dir(path: Path) -> bool:
         return False
 
 
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"  # how a Git LFS pointer file starts
+LFS_FIX = "fetch the files: `git lfs pull` in its repository (in GitHub Actions: `lfs: true` on actions/checkout)"
+
+
+def lfs_pointers(directory: Path) -> list[str]:
+    """The files under `directory` (hidden ones aside) that are Git LFS pointers, not the files they stand for:
+    what a clone without its LFS objects holds (`git clone` of a Hub model without git-lfs, a CI checkout)."""
+    found, seen = [], set()
+    for top, dirs, files in os.walk(directory, followlinks=True):  # a Hub snapshot is links
+        real = os.path.realpath(top)
+        dirs[:] = [] if real in seen else sorted(d for d in dirs if not d.startswith("."))
+        if real in seen:  # a link back up the tree
+            continue
+        seen.add(real)
+        for name in sorted(files):
+            path = Path(top) / name
+            try:
+                if path.stat().st_size < 1024:  # a pointer is about 130 bytes
+                    with path.open("rb") as f:
+                        if f.read(len(LFS_POINTER)) == LFS_POINTER:
+                            found.append(str(path.relative_to(directory)))
+            except OSError:
+                continue
+    return found
+
+
+def refuse_lfs_pointers(directory: Path, where: str, field: str) -> None:
+    """A model, tokenizer or adapter directory of Git LFS pointers: refused naming them (vLLM's own error, after an
+    engine start, would be about a safetensors header)."""
+    pointers = lfs_pointers(directory)
+    if pointers:
+        more = f" and {len(pointers) - 3} more" if len(pointers) > 3 else ""
+        raise fail(where, f"`{field}`: {directory} holds Git LFS pointers, not the files they stand for "
+                   f"({', '.join(pointers[:3])}{more})", LFS_FIX)
+
+
 def model_dir(table: dict, root: Path, where: str, section: str, *, required: bool,
               hub: HubResolver = resolve_hub_repo) -> Path | None:
     """`model`: a local Hugging Face model directory (config.json + weights), or a Hub repo id at `revision`
@@ -126,6 +162,7 @@ def model_dir(table: dict, root: Path, where: str, section: str, *, required: bo
         raise fail(where, f"`{section}model`: {path} is not a model directory (no config.json)",
                    "point it at a local Hugging Face model directory (`evalgate build-model DIR` builds one), or name a "
                    'Hub repo: model = "org/name" with revision = "<commit, tag or branch>", then `evalgate fetch`')
+    refuse_lfs_pointers(path, where, f"{section}model")
     return path
 
 
@@ -140,6 +177,8 @@ def tokenizer_dir(table: dict, root: Path, where: str, section: str, *,
         if value else None
     if path is not None and not is_dir(path):
         raise fail(where, f"`{section}tokenizer`: {path} is not a directory", "point it at a tokenizer directory or a Hub repo id")
+    if path is not None:
+        refuse_lfs_pointers(path, where, f"{section}tokenizer")
     return path
 
 

@@ -116,6 +116,7 @@ def test_a_suite_without_adapters_says_why_the_probe_did_not_run(inline_cli, tmp
     ("unknown run_under", "`prompts.adapters`", "'tax' is not an adapter of the suite"),
     ("not an adapter", "`adapters.legal`", "is not a LoRA adapter (no adapter_config.json)"),
     ("no weights", "`adapters.legal`", "has no adapter weights"),
+    ("git lfs pointers", "`adapters.legal`", "holds Git LFS pointers, not the files they stand for (adapter_model.safetensors)"),
     ("rank above max_lora_rank", "`engine.max_lora_rank`", "is 8, below the rank 16 of adapter 'legal'"),
     ("bad name", "`adapters.base`", "'base' cannot name an adapter"),
     ("unknown lm_eval adapter", "`lm_eval.adapter`", "'nobody', not an adapter of the suite"),
@@ -133,6 +134,9 @@ def test_bad_adapter_input_is_exit_2_naming_the_field_and_writes_nothing(inline_
         (ws / "legal" / "adapter_config.json").unlink()
     elif case == "no weights":
         (ws / "legal" / "adapter_model.safetensors").unlink()
+    elif case == "git lfs pointers":  # a checkout without its LFS objects
+        (ws / "legal" / "adapter_model.safetensors").write_bytes(b"version https://git-lfs.github.com/spec/v1\n"
+                                                                 b"oid sha256:" + b"0" * 64 + b"\nsize 9\n")
     elif case == "rank above max_lora_rank":
         adapter_dir(ws / "legal", rank=16)
         text = text.replace("seed = 0", "seed = 0\nmax_lora_rank = 8")

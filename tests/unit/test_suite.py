@@ -601,3 +601,27 @@ def test_logprobs_above_the_engines_cap_are_refused_as_the_suite_loads(tmp_path)
     assert "is 8, above the vllm engine's cap of 5 (`engine.max_logprobs`, set)" in config_error(lowered)
     fake = write_suite(tmp_path / "fake", sampling="logprobs = 25", engine='kind = "fake"\nmodel = "model"')
     assert load_suite(fake).sampling["logprobs"] == 25  # a kind that names no cap
+
+
+def test_a_model_tokenizer_or_adapter_of_git_lfs_pointers_is_refused_naming_them(tmp_path):
+    """A clone without its LFS objects (`git clone` of a Hub model without git-lfs, a CI checkout without
+    `lfs: true`) holds pointer files: refused as the suite loads, naming them and `git lfs pull`."""
+    pointer = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"ab" * 32 + b"\nsize 1234567\n"
+    path = write_suite(tmp_path / "ws")
+    model = tmp_path / "ws" / "model"
+    (model / "nested").mkdir()
+    (model / "nested" / "loop").symlink_to(model)  # a link back up the tree is walked once
+    (model / ".git").mkdir()
+    (model / ".git" / "pointer-like").write_bytes(pointer)  # git's own files are not the model's
+    (model / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    assert load_suite(path).model == model
+    (model / "model.safetensors").write_bytes(pointer)
+    said = config_error(path)
+    assert f"`engine.model`: {model} holds Git LFS pointers, not the files they stand for (model.safetensors)" in said
+    assert "git lfs pull" in said and "lfs: true" in said
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_bytes(pointer)
+    (model / "model.safetensors").write_bytes(b"{}")
+    said = config_error(write_suite(tmp_path / "ws", engine=BASE["engine"] + f'\ntokenizer = "{tokenizer}"'))
+    assert "`engine.tokenizer`" in said and "(tokenizer.json)" in said
