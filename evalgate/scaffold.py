@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import __version__
+from .configuration.config import chat_template_in
 from .configuration.lock import LOCK_FILE
 from .configuration.policy import FAIL_ON
 from .configuration.schedule import FULL, PRESETS, ROTATING
@@ -121,7 +122,7 @@ def validate(scaffold: Scaffold) -> Scaffold:
     if bad:
         raise ConfigError(f"--tasks: {bad[0]!r} is not an lm-eval task name", fix="comma-separated names, e.g. --tasks arc_easy,hellaswag")
     # a server without a local model directory gets plain examples only: its chat template is unknown here
-    chat = scaffold.model is not None and has_chat_template(scaffold.model)
+    chat = chat_template_in(scaffold.model) is True
     return replace(scaffold, chat=chat)
 
 
@@ -141,17 +142,6 @@ def served_model(url: str) -> str:
                           "which one is meant is --served-model's to say",
                           fix="e.g. --served-model " + (models[0] if models else "my-model"))
     return models[0]
-
-
-def has_chat_template(model: Path) -> bool:
-    """Whether the model directory carries a chat template (the examples then include chat requests)."""
-    if (model / "chat_template.jinja").is_file() or (model / "chat_template.json").is_file():
-        return True
-    try:
-        config = json.loads((model / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return bool(config.get("chat_template"))
 
 
 MAX_MODEL_LEN = 2048  # enough for the examples and a few-shot task; small enough for a CPU's KV cache

@@ -182,23 +182,27 @@ def tokenizer_dir(table: dict, root: Path, where: str, section: str, *,
     return path
 
 
-# Where transformers finds a tokenizer's chat template besides `chat_template` in tokenizer_config.json (and
-# tekken.json: a Mistral tokenizer brings its own).
-TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "additional_chat_templates", "tekken.json")
+# Where transformers finds a tokenizer's chat template besides `chat_template` in tokenizer_config.json.
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "additional_chat_templates")
 
 
-def lacks_chat_template(directory: Path | None) -> bool:
-    """Whether a local tokenizer directory surely has no chat template: its tokenizer_config.json names none
-    and no template file lies beside it. False where the files cannot tell (the engine's tokenizer decides)."""
-    if not isinstance(directory, Path) or not is_file(directory / "tokenizer_config.json"):
-        return False
+def chat_template_in(directory: Path | None) -> bool | None:
+    """Whether a local tokenizer directory carries a chat template, as its files tell: a template file, or
+    `chat_template` in tokenizer_config.json. None where the files cannot tell (no readable tokenizer_config.json,
+    or a Mistral tokenizer's tekken.json, which may bring its own): the engine's tokenizer decides."""
+    if not isinstance(directory, Path) or not is_dir(directory):
+        return None
     if any((directory / name).exists() for name in TEMPLATE_FILES):
-        return False
+        return True
     try:
         config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8-sig"))
     except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and not config.get("chat_template")
+        return None
+    if not isinstance(config, dict):
+        return None
+    if config.get("chat_template"):
+        return True
+    return None if (directory / "tekken.json").exists() else False
 
 
 def local_or_hub(value: str, revision: str | None, root: Path, where: str, field: str, revision_key: str,

@@ -19,12 +19,12 @@ from ..registry import ENGINES, PROBE_PRESETS, PROBES
 from .adapters import BASE_MODEL, Adapter, adapter_choices, lora_settings, parse_adapters
 from .config import (
     DEFAULT_DATABASE,
+    chat_template_in,
     check_keys,
     evalgate_tables,
     fail,
     is_dir,
     is_file,
-    lacks_chat_template,
     not_json,
     os_reason,
     resolve_database_url,
@@ -288,7 +288,7 @@ def _chat_template_needed(engine, prompts: list[Prompt], prompts_file: Path | No
     """Chats, or lm-eval told to apply the chat template, with a local tokenizer that has none: refused here,
     before an engine starts (a large model's start costs minutes), as the engine would refuse them."""
     tokenizer = engine.tokenizer or engine.model
-    if "chat_template" in engine.engine_args or not lacks_chat_template(tokenizer):
+    if "chat_template" in engine.engine_args or chat_template_in(tokenizer) is not False:
         return  # a server given its own template, or a tokenizer that has one (or may)
     fix = f"add the template to {tokenizer} (chat_template.jinja, or `chat_template` in tokenizer_config.json)"
     chat = next((p for p in prompts if p.messages is not None), None)
