@@ -313,6 +313,12 @@ class TaskRun:
                       for name, cfg in sorted(results.get("configs", {}).items())},
         }
         _refuse_ungateable_generation(suite, requests)
+        built = {p.key for p in requests}
+        taken = next((p for p in suite.prompts if p.key in built), None)
+        if taken is not None:  # a request key names one request: its outputs, its verdict
+            raise ConfigError(f"{suite.location_of(taken)}: prompt id {taken.key!r} is also the key of a request lm-eval "
+                              "built (lm-eval's requests are keyed task/doc/index/repeat)",
+                              fix="give the prompt another id")
         adapter = self.prepared.config.adapter  # [lm_eval] adapter: every task request runs under it
         if adapter:
             _refuse_unscored(suite, adapter, requests)

@@ -101,3 +101,16 @@ def test_task_generation_kwargs_vllm_would_refuse_or_that_sample_unseeded_are_us
             out = " ".join((proc.stdout + proc.stderr).split())
             assert "lm-eval task 'evalgate_arith' (evalgate_arith doc 0)" in out and said in out, out[-600:]
             assert not (ws / "gen.sqlite").exists()
+
+
+def test_a_prompt_id_that_is_also_an_lm_eval_request_key_is_a_usage_error(inline_cli, tmp_path, tokenized_model):
+    """Plain prompts beside tasks: an id shaped like lm-eval's keys (task/doc/index/repeat) that one of its requests
+    has would give two requests one key. Exit 2 naming the line, nothing stored (it was a database error, exit 3)."""
+    ws = tmp_path / "ws"
+    shutil.copytree(EXAMPLE_TASKS, ws / "tasks")
+    (ws / "prompts.jsonl").write_text('{"id": "mine", "prompt": "a"}\n{"id": "evalgate_arith/1/0/0", "prompt": "b"}\n')
+    suite = ws / "evalgate.toml"
+    suite.write_text(ARITH.format(model=tokenized_model, sampling="").replace("[lm_eval]", '[prompts]\nfile = "prompts.jsonl"\n[lm_eval]'))
+    out = " ".join(inline_cli("baseline", "create", suite, check=2).stderr.split())
+    assert f"{ws / 'prompts.jsonl'}:2: prompt id 'evalgate_arith/1/0/0' is also the key of a request lm-eval built" in out
+    assert not (ws / "gen.sqlite").exists()
