@@ -3,8 +3,11 @@ that a user's comments, order and layout survive a remedy being written into it.
 
 from __future__ import annotations
 
+import pytest
+
 from evalgate.configuration.config import tomllib
 from evalgate.configuration.suite_file import add_engine_settings, find_suite
+from evalgate.errors import ConfigError
 
 REORDERED = '''# my suite, my order
 [gate]   # the gate first
@@ -66,3 +69,23 @@ def test_find_suite_is_the_one_discovery(tmp_path, monkeypatch):
     assert find_suite().name == "pyproject.toml"
     (tmp_path / "evalgate.toml").write_text('[suite]\nname = "x"\n', encoding="utf-8")
     assert find_suite().name == "evalgate.toml" and find_suite("other.toml").name == "other.toml"
+
+
+def test_find_suite_looks_up_from_a_subdirectory_to_the_repositorys_root(tmp_path, monkeypatch):
+    """As git and pytest find theirs: `evalgate check` in a project's subdirectory finds the project's suite, and
+    never one above the repository's root (another project's)."""
+    project = tmp_path / "outer" / "project"
+    (project / "src" / "deep").mkdir(parents=True)
+    (project / "pyproject.toml").write_text('[tool.evalgate.suite]\nname = "x"\n', encoding="utf-8")
+    monkeypatch.chdir(project / "src" / "deep")
+    assert find_suite() == project / "pyproject.toml"
+    (project / "src" / "evalgate.toml").write_text('[suite]\nname = "nearer"\n', encoding="utf-8")
+    assert find_suite() == project / "src" / "evalgate.toml"  # the nearest wins
+    (tmp_path / "outer" / "evalgate.toml").write_text('[suite]\nname = "other"\n', encoding="utf-8")
+    (project / "src" / "evalgate.toml").unlink()
+    (project / "pyproject.toml").unlink()
+    assert find_suite() == tmp_path / "outer" / "evalgate.toml"  # no repository: up the tree
+    (project / ".git").mkdir()
+    assert find_suite(required=False) is None  # the repository's root is the boundary
+    with pytest.raises(ConfigError, match="none found here or above"):
+        find_suite()
