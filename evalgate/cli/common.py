@@ -202,7 +202,28 @@ class ProgressLines:
                         markup=False, highlight=False, soft_wrap=True)
 
 
-JsonOpt = typer.Option(None, "--json-report", help="Also write the result as JSON")
+def writable_output(ctx: typer.Context, param: typer.CallbackParam, path: Path | None) -> Path | None:
+    """An option's output file, written when the command ends, checked before it starts: a run of minutes must
+    not end in a path it cannot write (exit 2 now, instead of exit 3 after the run)."""
+    import tempfile
+
+    if path is None or ctx.resilient_parsing:
+        return path
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "it is a directory")
+        above = next((p for p in path.parents if p.exists()), None)
+        if above is not None and not above.is_dir():
+            raise NotADirectoryError(20, f"{above} is a file, not a directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"):
+            pass
+    except OSError as exc:
+        raise typer.BadParameter(f"{path}: cannot write there ({exc.strerror or exc})") from None
+    return path
+
+
+JsonOpt = typer.Option(None, "--json-report", help="Also write the result as JSON", callback=writable_output)
 
 
 def print_trial(step: int, estimate: int, label: str, outcome, seconds: float) -> None:

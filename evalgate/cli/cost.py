@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from .common import console, err_console, handled, parse_levels, show_notes
+from .common import console, err_console, handled, parse_levels, show_notes, writable_output
 
 
 def _seconds(value: float | None) -> str:
@@ -127,9 +127,10 @@ def cost(suite_file: Optional[Path] = typer.Argument(None, help="Suite TOML file
                                                                    "\\[tool.evalgate] in ./pyproject.toml)"),
          db: Optional[str] = typer.Option(None, "--db", help="Database URL or SQLite path (overrides the suite's)"),
          json_report: Optional[Path] = typer.Option(None, "--json-report", help="Write the results as JSON "
-                                                    "(schema evalgate.cost/1, docs/cost.md) and the plot beside it"),
+                                                    "(schema evalgate.cost/1, docs/cost.md) and the plot beside it",
+                                                    callback=writable_output),
          plot: Optional[Path] = typer.Option(None, "--plot", help="Write the throughput plot (PNG) here (default with "
-                                             "--json-report: the report's name with .png)"),
+                                             "--json-report: the report's name with .png)", callback=writable_output),
          candidate: Optional[List[str]] = typer.Option(None, "--candidate", help="Another candidate, repeatable: "
                                                        "NAME:KEY=VALUE,... (engine args, batch_invariant=true|false, "
                                                        "env.NAME=VALUE)"),

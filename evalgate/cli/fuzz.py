@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from .common import JsonOpt, console, finish, handled, print_trial
+from .common import JsonOpt, console, finish, handled, print_trial, writable_output
 
 
 @handled
@@ -44,7 +44,7 @@ def fuzz(suite: Optional[Path] = typer.Argument(None, help="Suite TOML file (eng
 @handled
 def convert(log: Path = typer.Argument(..., help="A log of your traffic: JSONL or CSV with a timestamp, "
                                        "prompt_tokens and output_tokens per request"),
-            output: Path = typer.Option(..., "--output", "-o", help="The trace file to write")):
+            output: Path = typer.Option(..., "--output", "-o", help="The trace file to write", callback=writable_output)):
     """Turn a log of your own traffic into a trace: lengths and arrival times only, never text."""
     from ..atomic import atomic_path
     from ..configuration.trace import convert_log

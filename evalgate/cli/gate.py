@@ -17,7 +17,7 @@ import click
 import typer
 
 from ..errors import EvalgateError, ExitCode, out_of_memory
-from .common import VerboseOpt, console, err_console, handled, parse_levels, progress_bar, show_notes
+from .common import VerboseOpt, console, err_console, handled, parse_levels, progress_bar, show_notes, writable_output
 
 SuiteArg = typer.Argument(None, help="Suite TOML file (default: ./evalgate.toml or \\[tool.evalgate] in ./pyproject.toml)")
 
@@ -30,9 +30,10 @@ class RunOptions:
     concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Override the schedule's concurrency levels, e.g. 1,16")
     shuffles: Optional[int] = typer.Option(None, "--shuffles", help="Override the number of shuffled-order passes")
     repeats: Optional[int] = typer.Option(None, "--repeats", help="Override the number of repeats")
-    json_report: Optional[Path] = typer.Option(None, "--json-report", help="Also write the report as JSON (docs/json-report.md)")
+    json_report: Optional[Path] = typer.Option(None, "--json-report", help="Also write the report as JSON (docs/json-report.md)",
+                                               callback=writable_output)
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML: a testcase per request, an <error> "
-                                                               "on exit 3 (docs/ci.md)")
+                                                               "on exit 3 (docs/ci.md)", callback=writable_output)
     shard: Optional[str] = typer.Option(None, "--shard", help="Run only shard I of N (e.g. 2/4) of the requests; needs --group")
     group: Optional[str] = typer.Option(None, "--group", help="Label shared by the shard runs of one CI run (e.g. $GITHUB_RUN_ID)")
     merge: bool = typer.Option(False, "--merge", help="Merge the complete shard runs of --group into one run and judge it")

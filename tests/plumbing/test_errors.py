@@ -5,6 +5,7 @@ written. The checks that need real vLLM (engine arguments, prompt lengths) stay 
 from __future__ import annotations
 
 import hashlib
+import re
 import sqlite3
 
 import pytest
@@ -35,6 +36,21 @@ def test_wrong_type_names_the_field(inline_cli, tmp_path, fake_model):
     suite.write_text(suite.read_text().replace("max_tokens = 16", 'max_tokens = "lots"'))
     proc = inline_cli("baseline", "create", suite, check=2)
     assert "sampling.max_tokens" in proc.stderr and "integer" in proc.stderr
+
+
+@pytest.mark.parametrize("flag", ["--json-report", "--junit"])
+def test_an_output_path_the_run_could_not_write_is_refused_before_it_runs(inline_cli, tmp_path, fake_model, flag):
+    """A report path that is a directory, or under a file: exit 2 before anything runs (it was exit 3 after the
+    run, the run stored); a path in directories that do not exist yet is written, the directories made."""
+    suite = write_suite(tmp_path, fake_model, ["hello"], kind="fake")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "a-file").write_text("")
+    for path, why in [(tmp_path / "taken", "it is a directory"), (tmp_path / "a-file" / "r.xml", "a-file is a file, not a directory")]:
+        said = " ".join(re.sub("[│╭╮╰╯─]", " ", inline_cli("baseline", "create", suite, flag, path, check=2).stderr).split())
+        assert f"Invalid value for '{flag}'" in said and "cannot write there" in said and why in said, said
+    assert not (tmp_path / "evalgate.sqlite").exists()
+    inline_cli("baseline", "create", suite, flag, tmp_path / "new" / "dirs" / "out", check=0)
+    assert (tmp_path / "new" / "dirs" / "out").stat().st_size > 0
 
 
 def test_empty_prompts_file(inline_cli, tmp_path, fake_model):
