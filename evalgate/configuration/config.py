@@ -122,16 +122,20 @@ def lfs_pointers(directory: Path) -> list[str]:
         if real in seen:  # a link back up the tree
             continue
         seen.add(real)
-        for name in sorted(files):
-            path = Path(top) / name
-            try:
-                if path.stat().st_size < 1024:  # a pointer is about 130 bytes
-                    with path.open("rb") as f:
-                        if f.read(len(LFS_POINTER)) == LFS_POINTER:
-                            found.append(str(path.relative_to(directory)))
-            except OSError:
-                continue
+        found += [str((Path(top) / name).relative_to(directory)) for name in sorted(files)
+                  if is_lfs_pointer(Path(top) / name)]
     return found
+
+
+def is_lfs_pointer(path: Path) -> bool:
+    """Whether a file is a Git LFS pointer (about 130 bytes of text) instead of the file it stands for."""
+    try:
+        if path.stat().st_size >= 1024:
+            return False
+        with path.open("rb") as f:
+            return f.read(len(LFS_POINTER)) == LFS_POINTER
+    except OSError:
+        return False
 
 
 def refuse_lfs_pointers(directory: Path, where: str, field: str) -> None:

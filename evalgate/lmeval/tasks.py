@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..configuration.config import LFS_FIX, is_lfs_pointer
 from ..configuration.lock import FETCH_FIX, HUB_ID, LOCK_FILE, Pin, locked_snapshot, read_lock
 from ..configuration.prompts import SCORING_TYPES
 from ..configuration.suite import SAMPLING_BOUNDS, SAMPLING_KEYS, LmEvalConfig, Suite
@@ -218,6 +219,9 @@ def _anchor_data_paths(cfg: dict, yaml_path: Path) -> dict:
                 f"{yaml_path}: `dataset_kwargs.data_files` names {value!r}, which does not exist ({path})",
                 fix="data paths in a task file are relative to the task file's directory",
             )
+        if is_lfs_pointer(path):
+            raise ConfigError(f"{yaml_path}: `dataset_kwargs.data_files` names {value!r}, a Git LFS pointer, not the "
+                              f"file it stands for ({path})", fix=LFS_FIX)
         return str(path)
 
     files = kwargs.get("data_files")

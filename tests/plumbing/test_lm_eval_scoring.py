@@ -114,3 +114,15 @@ def test_a_prompt_id_that_is_also_an_lm_eval_request_key_is_a_usage_error(inline
     out = " ".join(inline_cli("baseline", "create", suite, check=2).stderr.split())
     assert f"{ws / 'prompts.jsonl'}:2: prompt id 'evalgate_arith/1/0/0' is also the key of a request lm-eval built" in out
     assert not (ws / "gen.sqlite").exists()
+
+
+def test_a_task_data_file_that_is_a_git_lfs_pointer_is_a_usage_error_naming_it(inline_cli, tmp_path, tokenized_model):
+    ws = tmp_path / "ws"
+    shutil.copytree(EXAMPLE_TASKS, ws / "tasks")
+    (ws / "tasks" / "arith.jsonl").write_bytes(b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"1" * 64
+                                               + b"\nsize 4242\n")
+    suite = ws / "evalgate.toml"
+    suite.write_text(ARITH.format(model=tokenized_model, sampling=""), encoding="utf-8")
+    out = " ".join(inline_cli("baseline", "create", suite, check=2).stderr.split())
+    assert f"{ws / 'tasks' / 'arith.yaml'}: `dataset_kwargs.data_files` names 'arith.jsonl', a Git LFS pointer" in out
+    assert "git lfs pull" in out and not (ws / "gen.sqlite").exists()
