@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from ..errors import ConfigError
 from .adapters import BASE_MODEL, adapter_choices
-from .config import BOM, not_utf8, read_capped
+from .config import BOM, LFS_FIX, LFS_POINTER, not_utf8, read_capped
 
 PROMPT_KEYS = {"id", "prompt", "messages", "chat_template_kwargs", "max_tokens", "metadata", "adapter"}
 CHAT_ROLES = ("system", "developer", "user", "assistant")
@@ -91,6 +91,8 @@ def load_prompts(path: Path, adapters: tuple[str, ...] = (), run_under: tuple[st
         raise ConfigError(f"{path}: prompts file not found", fix="set [prompts].file to an existing JSONL file") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read prompts file ({exc.strerror})", fix="check the path and its permissions") from None
+    if raw.startswith(LFS_POINTER):
+        raise ConfigError(f"{path}: a Git LFS pointer, not the prompts file it stands for", fix=LFS_FIX)
     prompts: list[Prompt] = []
     seen: dict[str, int] = {}
     raw = raw.removeprefix(BOM.encode())  # an editor's byte-order mark: not part of line 1 (config.py without_bom)

@@ -619,6 +619,12 @@ def test_a_model_tokenizer_or_adapter_of_git_lfs_pointers_is_refused_naming_them
     said = config_error(path)
     assert f"`engine.model`: {model} holds Git LFS pointers, not the files they stand for (model.safetensors)" in said
     assert "git lfs pull" in said and "lfs: true" in said
+    (model / "model.safetensors").write_bytes(b"{}")
+    prompts = tmp_path / "ws" / "prompts.jsonl"
+    saved = prompts.read_bytes()
+    prompts.write_bytes(pointer)
+    assert f"{prompts}: a Git LFS pointer, not the prompts file it stands for" in config_error(path)
+    prompts.write_bytes(saved)
     tokenizer = tmp_path / "tok"
     tokenizer.mkdir()
     (tokenizer / "tokenizer.json").write_bytes(pointer)
