@@ -22,22 +22,24 @@ def holds_suite(path: Path) -> bool:
 
 def find_suite(path: str | Path | None = None, *, required: bool = True) -> Path | None:
     """The suite file to use: the given path, else evalgate.toml, else pyproject.toml with [tool.evalgate], in the
-    working directory or the nearest directory above it that has one, up to the repository's root (as git and
-    pytest find theirs). None when none is found and not `required`."""
+    working directory or, inside a git repository, the nearest directory above it up to the repository's root (as
+    pre-commit finds its own; outside a repository only the working directory, so a stray file above it is never
+    taken). None when none is found and not `required`."""
     if path is not None:
         return Path(path)
     here = Path.cwd()
+    root = next((d for d in (here, *here.parents) if (d / ".git").exists()), here)
     for directory in (here, *here.parents):
         for name in (SUITE_FILE, PYPROJECT):
             candidate = directory / name
             if holds_suite(candidate):
                 return Path(name) if directory == here else candidate
-        if (directory / ".git").exists():
-            break  # the repository's root: a suite above it is another project's
+        if directory == root:
+            break
     if not required:
         return None
-    raise ConfigError(f"no suite file given and none found here or above ({SUITE_FILE} or [tool.evalgate] in {PYPROJECT})",
-                      fix="pass the suite file: evalgate check path/to/suite.toml")
+    raise ConfigError(f"no suite file given and none found ({SUITE_FILE} or [tool.evalgate] in {PYPROJECT}, here or "
+                      "above up to the repository's root)", fix="pass the suite file: evalgate check path/to/suite.toml")
 
 
 def add_engine_settings(path: Path, settings: dict, why: str) -> None:

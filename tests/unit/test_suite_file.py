@@ -72,20 +72,19 @@ def test_find_suite_is_the_one_discovery(tmp_path, monkeypatch):
 
 
 def test_find_suite_looks_up_from_a_subdirectory_to_the_repositorys_root(tmp_path, monkeypatch):
-    """As git and pytest find theirs: `evalgate check` in a project's subdirectory finds the project's suite, and
-    never one above the repository's root (another project's)."""
+    """As pre-commit finds its own: `evalgate check` in a repository's subdirectory finds the project's suite, and
+    never one above the repository's root; outside a repository, only the working directory counts."""
     project = tmp_path / "outer" / "project"
     (project / "src" / "deep").mkdir(parents=True)
     (project / "pyproject.toml").write_text('[tool.evalgate.suite]\nname = "x"\n', encoding="utf-8")
+    (tmp_path / "outer" / "evalgate.toml").write_text('[suite]\nname = "other"\n', encoding="utf-8")
     monkeypatch.chdir(project / "src" / "deep")
+    assert find_suite(required=False) is None  # no repository: a suite above is not taken
+    (project / ".git").mkdir()
     assert find_suite() == project / "pyproject.toml"
     (project / "src" / "evalgate.toml").write_text('[suite]\nname = "nearer"\n', encoding="utf-8")
     assert find_suite() == project / "src" / "evalgate.toml"  # the nearest wins
-    (tmp_path / "outer" / "evalgate.toml").write_text('[suite]\nname = "other"\n', encoding="utf-8")
     (project / "src" / "evalgate.toml").unlink()
     (project / "pyproject.toml").unlink()
-    assert find_suite() == tmp_path / "outer" / "evalgate.toml"  # no repository: up the tree
-    (project / ".git").mkdir()
-    assert find_suite(required=False) is None  # the repository's root is the boundary
-    with pytest.raises(ConfigError, match="none found here or above"):
+    with pytest.raises(ConfigError, match="none found"):  # the repository's root is the boundary
         find_suite()
