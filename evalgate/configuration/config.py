@@ -209,6 +209,22 @@ def chat_template_in(directory: Path | None) -> bool | None:
     return None if (directory / "tekken.json").exists() else False
 
 
+def vocabulary_sizes(model: Path, tokenizer: Path) -> tuple[int, int] | None:
+    """(the model's vocabulary, as config.json sizes its embeddings; one past the largest token id the tokenizer's
+    tokenizer.json can produce), or None where the files do not say."""
+    try:
+        config = json.loads((model / "config.json").read_text(encoding="utf-8-sig"))
+        data = json.loads((tokenizer / "tokenizer.json").read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError):
+        return None
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    vocab = (data.get("model") or {}).get("vocab") if isinstance(data, dict) else None
+    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab))) if isinstance(vocab, list) else []
+    ids += [t.get("id") for t in data.get("added_tokens") or [] if isinstance(t, dict)]
+    ids = [i for i in ids if isinstance(i, int)]
+    return (size, max(ids) + 1) if isinstance(size, int) and ids else None
+
+
 def local_or_hub(value: str, revision: str | None, root: Path, where: str, field: str, revision_key: str,
                  hub: HubResolver = resolve_hub_repo) -> Path:
     """A local path (relative to the suite), or a Hub repo id at `revision` as `hub` resolves it (the lock's

@@ -31,6 +31,7 @@ from .config import (
     resolve_path,
     short,
     typed,
+    vocabulary_sizes,
 )
 from .load import parse_load
 from .lock import HubResolver, resolve_hub_repo
@@ -259,6 +260,11 @@ def load_suite(path: str | Path, *, database: str | None = None, hub: HubResolve
     prompts_file, prompts = _prompts_table(tables["prompts"], root, where, f"{prefix}prompts.", tuple(adapters),
                                            tasks=lm_eval is not None)
     _chat_template_needed(engine, prompts, prompts_file, lm_eval, where, prefix)
+    sizes = vocabulary_sizes(engine.model, engine.tokenizer) if engine.model and engine.tokenizer else None
+    if sizes is not None and sizes[1] > sizes[0]:  # vLLM would fail mid-run on the first id past the embeddings
+        raise fail(where, f"`{sec}tokenizer`: {engine.tokenizer} has token ids up to {sizes[1] - 1}, past the model's "
+                   f"vocabulary of {sizes[0]} (vocab_size in {engine.model / 'config.json'}): it is another model's "
+                   "tokenizer", f"point `{sec}tokenizer` at this model's tokenizer, or remove it (the model directory's)")
     schedule, notes = _schedule_table(tables["schedule"], tables["probes"], where, prefix)
     if "load" in data:
         traced = isinstance(tables["load"], dict) and "trace" in tables["load"]

@@ -631,3 +631,20 @@ def test_a_model_tokenizer_or_adapter_of_git_lfs_pointers_is_refused_naming_them
     (model / "model.safetensors").write_bytes(b"{}")
     said = config_error(write_suite(tmp_path / "ws", engine=BASE["engine"] + f'\ntokenizer = "{tokenizer}"'))
     assert "`engine.tokenizer`" in said and "(tokenizer.json)" in said
+
+
+def test_a_tokenizer_past_the_models_vocabulary_is_refused_as_the_suite_loads(tmp_path):
+    """`[engine] tokenizer` naming another model's tokenizer: vLLM fails mid-run on the first token id past the
+    embeddings (an IndexError, exit 3). Refused at load, with both sizes; one within the vocabulary loads."""
+    path = write_suite(tmp_path / "ws", engine=BASE["engine"] + '\ntokenizer = "tok"')
+    (tmp_path / "ws" / "model" / "config.json").write_text('{"vocab_size": 300}')
+    tok = tmp_path / "ws" / "tok"
+    tok.mkdir()
+    vocab = {f"t{i}": i for i in range(290)}
+    (tok / "tokenizer.json").write_text(json.dumps({"model": {"vocab": vocab}, "added_tokens": [{"id": 299}]}))
+    assert load_suite(path).tokenizer == tok
+    (tok / "tokenizer.json").write_text(json.dumps({"model": {"vocab": vocab}, "added_tokens": [{"id": 512}]}))
+    said = config_error(path)
+    assert f"`engine.tokenizer`: {tok} has token ids up to 512, past the model's vocabulary of 300" in said
+    (tok / "tokenizer.json").write_text(json.dumps({"model": {"vocab": [["a", 0.0]] * 400}}))  # a Unigram model's list
+    assert "token ids up to 399" in config_error(path)
