@@ -247,11 +247,7 @@ def load_suite(path: str | Path, *, database: str | None = None, hub: HubResolve
     engine_cls = ENGINES.load(kind)
     engine = engine_cls.parse_config(dict(tables["engine"]), root, where, sec, hub=hub)
     sampling = _sampling_table(tables["sampling"], where, f"{prefix}sampling.")
-    cap = engine_cls.logprobs_cap(engine.engine_args)
-    if cap is not None and sampling["logprobs"] > cap:  # else the engine refuses every request, mid-run
-        raise fail(where, f"`{prefix}sampling.logprobs` is {sampling['logprobs']}, above the {kind} engine's cap "
-                   f"of {cap} (`{sec}max_logprobs`, {'set' if 'max_logprobs' in engine.engine_args else 'by default'})",
-                   f"lower it to {cap} or less, or raise the cap: max_logprobs = {sampling['logprobs']} in [{prefix}engine]")
+    _logprobs_fit(engine_cls, engine, sampling, where, prefix)
     adapters = parse_adapters(tables["adapters"], root, where, f"{prefix}adapters.", hub=hub)
     if adapters:
         engine = _serving_adapters(engine_cls, engine, adapters, where, sec)
@@ -260,11 +256,7 @@ def load_suite(path: str | Path, *, database: str | None = None, hub: HubResolve
     prompts_file, prompts = _prompts_table(tables["prompts"], root, where, f"{prefix}prompts.", tuple(adapters),
                                            tasks=lm_eval is not None)
     _chat_template_needed(engine, prompts, prompts_file, lm_eval, where, prefix)
-    sizes = vocabulary_sizes(engine.model, engine.tokenizer) if engine.model and engine.tokenizer else None
-    if sizes is not None and sizes[1] > sizes[0]:  # vLLM would fail mid-run on the first id past the embeddings
-        raise fail(where, f"`{sec}tokenizer`: {engine.tokenizer} has token ids up to {sizes[1] - 1}, past the model's "
-                   f"vocabulary of {sizes[0]} (vocab_size in {engine.model / 'config.json'}): it is another model's "
-                   "tokenizer", f"point `{sec}tokenizer` at this model's tokenizer, or remove it (the model directory's)")
+    _tokenizer_fits(engine, where, sec)
     schedule, notes = _schedule_table(tables["schedule"], tables["probes"], where, prefix)
     if "load" in data:
         traced = isinstance(tables["load"], dict) and "trace" in tables["load"]
@@ -287,6 +279,26 @@ def load_suite(path: str | Path, *, database: str | None = None, hub: HubResolve
         gate=parse_gate_table(tables["gate"], where, prefix), notes=notes, template_date=template_date,
         adapters=adapters,
     )
+
+
+def _logprobs_fit(engine_cls, engine, sampling: dict, where: str, prefix: str) -> None:
+    """`logprobs` within the engine's cap (vLLM's `max_logprobs`): else vLLM refuses every request, mid-run."""
+    cap = engine_cls.logprobs_cap(engine.engine_args)
+    if cap is not None and sampling["logprobs"] > cap:
+        how = "set" if "max_logprobs" in engine.engine_args else "by default"
+        raise fail(where, f"`{prefix}sampling.logprobs` is {sampling['logprobs']}, above the {engine_cls.kind} engine's "
+                   f"cap of {cap} (`{prefix}engine.max_logprobs`, {how})",
+                   f"lower it to {cap} or less, or raise the cap: max_logprobs = {sampling['logprobs']} in [{prefix}engine]")
+
+
+def _tokenizer_fits(engine, where: str, sec: str) -> None:
+    """A tokenizer set apart from the model whose ids run past the model's embeddings (another model's): vLLM
+    would fail mid-run on the first such id."""
+    sizes = vocabulary_sizes(engine.model, engine.tokenizer) if engine.model and engine.tokenizer else None
+    if sizes is not None and sizes[1] > sizes[0]:
+        raise fail(where, f"`{sec}tokenizer`: {engine.tokenizer} has token ids up to {sizes[1] - 1}, past the model's "
+                   f"vocabulary of {sizes[0]} (vocab_size in {engine.model / 'config.json'}): it is another model's "
+                   "tokenizer", f"point `{sec}tokenizer` at this model's tokenizer, or remove it (the model directory's)")
 
 
 def _chat_template_needed(engine, prompts: list[Prompt], prompts_file: Path | None, lm_eval, where: str,
