@@ -63,6 +63,7 @@ SAMPLING_BOUNDS = {
     "repetition_penalty": (lambda v: v > 0, "above 0, where 1 is none"),
     "presence_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
     "frequency_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
+    "seed": (lambda v: -(2**63) <= v < 2**63, "within 64 bits, -2**63 to 2**63 - 1"),
 }
 TOP_TABLES = ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "cost", "load", "gate", "probes", "adapters")
 SUITE_KEYS = {"name", "database", "code_paths", "template_date"}

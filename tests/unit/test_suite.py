@@ -327,6 +327,7 @@ def test_max_tokens_below_one(tmp_path):
     ("presence_penalty = 2.5", "`sampling.presence_penalty` is 2.5; vLLM takes in [-2, 2]"),
     ("frequency_penalty = -2.5", "`sampling.frequency_penalty` is -2.5; vLLM takes in [-2, 2]"),
     ('stop = ["", "\\n"]', "`sampling.stop` entries must be non-empty strings"),
+    ("temperature = 0.5\nseed = 18446744073709551617", "`sampling.seed` is 18446744073709551617; vLLM takes within 64 bits"),
 ])
 def test_sampling_outside_vllms_bounds_is_refused_as_the_suite_loads(tmp_path, setting, said):
     """vLLM refuses such a request, every request, mid-run: refused at load instead, with the bounds."""
