@@ -404,6 +404,9 @@ def _refuse_ungateable_generation(suite: Suite, requests) -> None:
             raise ConfigError(f"{where}: generation_kwargs `{unknown[0]}` is not a vLLM sampling parameter",
                               fix=f"remove `{unknown[0]}` from the task's generation_kwargs (vLLM decodes one sequence; "
                                   f"it takes: {', '.join(sorted(TASK_SAMPLING_KEYS))})")
+        if isinstance(own.get("max_tokens"), int) and own["max_tokens"] < 1:
+            raise ConfigError(f"{where}: generation_kwargs `max_gen_toks` is {own['max_tokens']}; vLLM takes 1 or more",
+                              fix="set max_gen_toks to a positive number of tokens in the task's generation_kwargs")
         for key, value in own.items():
             within, bounds = SAMPLING_BOUNDS.get(key, (None, ""))
             if within is not None and isinstance(value, (int, float)) and not within(value):

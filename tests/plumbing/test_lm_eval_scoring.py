@@ -87,13 +87,17 @@ def test_task_generation_kwargs_vllm_would_refuse_or_that_sample_unseeded_are_us
     a seed in [sampling] makes the sampling gateable."""
     cases = [("  num_beams: 1\n", "", "generation_kwargs `num_beams` is not a vLLM sampling parameter"),
              ("  top_p: 0\n", "", "generation_kwargs `top_p` is 0; vLLM takes in (0, 1]"),
+             ("  do_sample: false\n  max_gen_toks: 0\n", "", "generation_kwargs `max_gen_toks` is 0; vLLM takes 1 or more"),
              ("  temperature: 0.7\n", "", "sample (temperature 0.7) without a seed"),
              ("  temperature: 0.7\n", "seed = 5", None)]
     for i, (kwargs, sampling, said) in enumerate(cases):
         ws = tmp_path / f"ws{i}"
         shutil.copytree(EXAMPLE_TASKS, ws / "tasks")
         task = ws / "tasks" / "arith.yaml"
-        task.write_text(task.read_text().replace("  do_sample: false\n", kwargs), encoding="utf-8")
+        text = task.read_text().replace("  do_sample: false\n", kwargs)
+        if "max_gen_toks: 0" in kwargs:
+            text = text.replace("  max_gen_toks: 6\n", "")
+        task.write_text(text, encoding="utf-8")
         suite = ws / "evalgate.toml"
         suite.write_text(ARITH.format(model=tokenized_model, sampling=sampling), encoding="utf-8")
         proc = inline_cli("baseline", "create", suite, check=0 if said is None else 2)
