@@ -65,6 +65,14 @@ SAMPLING_BOUNDS = {
     "frequency_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
     "seed": (lambda v: -(2**63) <= v < 2**63, "within 64 bits, -2**63 to 2**63 - 1"),
 }
+
+
+def out_of_bounds(key: str, value: Any) -> str | None:
+    """vLLM's bounds of a sampling parameter where `value` lies outside them (None: within, or unbounded)."""
+    within, bounds = SAMPLING_BOUNDS.get(key, (None, ""))
+    return bounds if within is not None and isinstance(value, (int, float)) and not within(value) else None
+
+
 TOP_TABLES = ("suite", "engine", "sampling", "prompts", "schedule", "lm_eval", "cost", "load", "gate", "probes", "adapters")
 SUITE_KEYS = {"name", "database", "code_paths", "template_date"}
 PROMPTS_TABLE_KEYS = {"file", "adapters"}
@@ -367,8 +375,8 @@ def _sampling_table(table: dict, where: str, sec: str) -> dict[str, Any]:
             reason = not_json(value)
             if reason:  # request hashes are canonical JSON: nan/inf cannot be identity
                 raise fail(where, f"`{sec}{key}` is {reason}", f"set `{key}` to a finite number")
-            within, bounds = SAMPLING_BOUNDS.get(key, (None, ""))
-            if within is not None and not within(value):
+            bounds = out_of_bounds(key, value)
+            if bounds:
                 raise fail(where, f"`{sec}{key}` is {value}; vLLM takes {bounds}", f"set `{key}` {bounds}")
             # 1 and 1.0 must hash alike: numbers of float-valued parameters are stored as floats.
             sampling[key] = float(value) if isinstance(types, tuple) and float in types else value

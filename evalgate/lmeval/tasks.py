@@ -29,7 +29,7 @@ from typing import Any, Mapping
 from ..configuration.config import LFS_FIX, is_lfs_pointer
 from ..configuration.lock import FETCH_FIX, HUB_ID, LOCK_FILE, Pin, locked_snapshot, read_lock
 from ..configuration.prompts import SCORING_TYPES
-from ..configuration.suite import SAMPLING_BOUNDS, SAMPLING_KEYS, LmEvalConfig, Suite
+from ..configuration.suite import SAMPLING_KEYS, LmEvalConfig, Suite, out_of_bounds
 from ..errors import ConfigError, EvalgateError, MissingDependency
 from ..hashing import digest, jsonable
 
@@ -408,8 +408,7 @@ def _refuse_ungateable_generation(suite: Suite, requests) -> None:
             raise ConfigError(f"{where}: generation_kwargs `max_gen_toks` is {own['max_tokens']}; vLLM takes 1 or more",
                               fix="set max_gen_toks to a positive number of tokens in the task's generation_kwargs")
         for key, value in own.items():
-            within, bounds = SAMPLING_BOUNDS.get(key, (None, ""))
-            if within is not None and isinstance(value, (int, float)) and not within(value):
+            if bounds := out_of_bounds(key, value):
                 raise ConfigError(f"{where}: generation_kwargs `{key}` is {value}; vLLM takes {bounds}",
                                   fix=f"set `{key}` {bounds} in the task's generation_kwargs")
         params = suite.sampling_for(p)
