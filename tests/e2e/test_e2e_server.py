@@ -207,9 +207,13 @@ def test_batch_variance_under_busy_batch(cli, tmp_path, tiny_model):
     same requests alone. Which requests a CPU's kernels change in a timed batch is the CPU's and the timing's
     business (an AVX2 EPYC: none of them), so the batch effect is planted in the server's own engine
     (tests/planted: token 0's logit nudged in every step that samples more than one row): every request that
-    shares a step differs from its alone output, on any CPU, and the gate must name batch size for each."""
+    shares a step differs from its alone output, on any CPU, and the gate must name batch size for each.
+    Every request shares its steps by construction, not by timing: each filler runs 360 steps, longer than
+    the whole gated pass even if the client sent its 16 requests one after another (16 x 17 steps), and one
+    was running when the pass began. (With 48-token fillers, which start together and so end together, a
+    slow client's request once ran its 16 steps alone in the gap before they were replaced.)"""
     suite = serving_suite(tmp_path / "ws", tiny_model, PROMPTS, concurrency=(1, 16),
-                          extra="\n[load]\nfiller = 16\nfiller_max_tokens = 48\nfiller_prompt_words = 24\n"
+                          extra="\n[load]\nfiller = 16\nfiller_max_tokens = 360\nfiller_prompt_words = 24\n"
                                 "concurrency = [16]\n")
     suite.write_text(suite.read_text().replace("hot_pass = true", "hot_pass = false"))  # batch size: the one factor
     cli.env = _env(cli.env)
@@ -217,7 +221,8 @@ def test_batch_variance_under_busy_batch(cli, tmp_path, tiny_model):
     proc = cli("baseline", "create", suite, "--json-report", tmp_path / "r.json", check=1)
     report = read_json(tmp_path / "r.json")
     varied = report["counts"]["batch_variance"]
-    assert varied == len(PROMPTS), f"{varied} of {len(PROMPTS)} varied under load:\n{proc.stdout[-3000:]}"
+    filler = [p["load"] for p in _passes(database_url(suite), 1) if "load" in p]
+    assert varied == len(PROMPTS), f"{varied} of {len(PROMPTS)} varied under load {filler}:\n{proc.stdout[-3000:]}"
     assert {f for r in report["requests"] for f in r["passes"]["factors"]} == {"batch_size"}
     assert all(r["passes"]["other_concurrency"] == 16 for r in report["requests"])
     assert report["promoted"] is False
@@ -226,8 +231,8 @@ def test_batch_variance_under_busy_batch(cli, tmp_path, tiny_model):
     passes = _passes(db, 1)
     loaded = [p for p in passes if "load" in p]
     assert [p["concurrency"] for p in loaded] == [16]
-    # a slow model's gated pass can end before any 48-token filler does: sent is what proves the busy batch
-    assert loaded[0]["load"]["sent"] >= 16
+    # the filler was in the server's batch as the pass began (its /metrics), and outlives the pass
+    assert loaded[0]["load"]["sent"] >= 16 and loaded[0]["load"]["running_at_start"] >= 1
     print(f"planted variance under load: {varied}/{len(PROMPTS)}; filler {loaded[0]['load']};", _throughput(passes))
 
 
