@@ -169,6 +169,24 @@ def _path_in_suite(path: Path, directory: Path) -> str:
         return str(path)
 
 
+def in_git_lfs(directory: Path) -> bool:
+    """Whether git would keep any of the model's files in Git LFS (its .gitattributes `filter=lfs`, asked of
+    git for every file, committed or not): the workflow's checkout then needs `lfs: true`, or it brings
+    pointers. False outside a git repository, or without git."""
+    import subprocess
+
+    files = sorted(str(path.relative_to(directory)) for path in directory.rglob("*")
+                   if path.is_file() and not any(part.startswith(".") for part in path.relative_to(directory).parts))
+    if not files:
+        return False
+    try:
+        attributes = subprocess.run(["git", "check-attr", "filter", "--stdin"], input="\n".join(files), cwd=directory,
+                                    capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return attributes.returncode == 0 and any(line.endswith(": filter: lfs") for line in attributes.stdout.splitlines())
+
+
 def example_prompts(chat: bool) -> list[dict]:
     lines = [{"id": f"text-{i:02d}", "prompt": text} for i, text in enumerate(PLAIN_EXAMPLES)]
     if chat:
@@ -186,8 +204,10 @@ def _render(template: str, s: Scaffold) -> str:
                                      undefined=jinja2.StrictUndefined, autoescape=False)
     environment.filters["toml"] = lambda value: tomlkit.item(value).as_string()  # a TOML value, quoted as TOML
     model = s.hub or (_path_in_suite(s.model, s.directory) if s.model is not None else None)
+    in_repository = s.hub is None and model is not None and not os.path.isabs(model)  # beside the suite: checked out
     return environment.get_template(template).render(
-        s=s, model=model, action=s.action or action_ref(), prompts=_path_in_suite(s.prompts, s.directory) if s.prompts else PROMPTS_FILE,
+        s=s, model=model, in_repository=in_repository, lfs=in_repository and in_git_lfs(s.model),
+        action=s.action or action_ref(), prompts=_path_in_suite(s.prompts, s.directory) if s.prompts else PROMPTS_FILE,
         max_model_len=model_max_len(s.model) if s.model else MAX_MODEL_LEN, rotating=ROTATING, suite_file=SUITE_FILE)
 
 

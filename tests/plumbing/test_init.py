@@ -137,6 +137,37 @@ def test_the_workflow_pins_this_versions_action_and_uses_only_its_inputs(inline_
     assert workflow["permissions"] == {} and workflow["jobs"]["evalgate"]["permissions"]["pull-requests"] == "write"
 
 
+def test_the_workflow_brings_the_model_the_way_it_lives(inline_cli, tmp_path, fake_model):
+    """A model in the repository comes with the checkout (with `lfs: true` where git keeps its files in Git LFS),
+    one elsewhere is said to need a self-hosted runner or a Hub name; neither is cached under a key that never
+    changes (a cache hit would restore the old model over a changed one: a silent pass)."""
+    import shutil
+    import subprocess
+
+    def workflow(directory):
+        text = (directory / ".github" / "workflows" / "evalgate.yml").read_text()
+        steps = yaml.safe_load(text)["jobs"]["evalgate"]["steps"]
+        return text, steps[0]["with"], steps[1]["with"]
+
+    inline_cli("init", "--dir", tmp_path / "elsewhere", "--model", fake_model, "--engine-extra", FAKE, "--no-survey", check=0)
+    text, checkout, gate = workflow(tmp_path / "elsewhere")
+    assert "model-cache-path" not in gate and "lfs" not in checkout and "self-hosted runner" in text
+
+    def project(name, attributes):
+        root = tmp_path / name
+        shutil.copytree(fake_model, root / "models" / "mine")
+        subprocess.run(["git", "init", "-q", str(root)], check=True)
+        (root / ".gitattributes").write_text(attributes)
+        inline_cli("init", "--dir", root, "--model", root / "models" / "mine", "--engine-extra", FAKE, "--no-survey", check=0)
+        return workflow(root)
+
+    text, checkout, gate = project("plain", "*.txt text\n")
+    assert "model-cache-path" not in gate and "lfs" not in checkout
+    assert "(models/mine) is in this repository: the checkout brings it" in text
+    text, checkout, gate = project("lfs", "*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+    assert checkout["lfs"] is True and checkout["persist-credentials"] is False and "model-cache-path" not in gate
+
+
 def test_a_server_without_served_model_is_asked_for_its_one_model(inline_cli, tmp_path):
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

@@ -206,6 +206,19 @@ def test_the_fetch_steps_find_the_lock_beside_the_suite_and_fetch_exactly_what_i
     assert call == ["evalgate", "fetch", "gate/evalgate.toml", "--locked", "--no-progress"]
 
 
+def test_a_model_cache_without_its_key_is_refused(tmp_path):
+    """actions/cache restores a hit over the path and never updates it: under the one fixed key a changed model
+    would be replaced by the cached one and pass as the baseline's. The path alone is refused, loudly."""
+    steps = {s.get("name"): s for s in _load_action()["runs"]["steps"]}
+    restore, refuse = steps["Restore the model cache"], steps["Refuse a model cache without its key"]
+    assert restore["with"]["key"] == "${{ inputs.model-cache-key }}" and "inputs.model-cache-key != ''" in restore["if"]
+    assert refuse["if"] == "inputs.model-cache-path != '' && inputs.model-cache-key == ''"
+    proc = subprocess.run(["bash", "-c", refuse["run"]], env={"PATH": "/usr/bin:/bin", "EVALGATE_MODEL_CACHE_PATH": "models/mine"},
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout.startswith("::error title=evalgate::model-cache-path (models/mine) needs model-cache-key")
+    assert list(steps).index(refuse["name"]) < list(steps).index(restore["name"])
+
+
 def _zizmor() -> str:
     return shutil.which("zizmor") or str(Path(sys.executable).parent / "zizmor")
 
