@@ -29,8 +29,13 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(session, config, items):
+    from .errors import EvalgateError
+
     for suite_file in config.getoption("evalgate"):
-        items.extend(SuiteCollector.from_parent(session, path=Path(suite_file).resolve()).collect())
+        try:
+            items.extend(SuiteCollector.from_parent(session, path=Path(suite_file).resolve()).collect())
+        except EvalgateError as exc:  # a suite that does not load is the user's input: pytest's usage error
+            raise pytest.UsageError(f"--evalgate {suite_file}: {exc}") from None
 
 
 class SuiteCollector(pytest.File):

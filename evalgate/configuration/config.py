@@ -55,10 +55,10 @@ def typed(table: dict, key: str, types, where: str, section: str, default=None):
     value = table[key]
     allowed = types if isinstance(types, tuple) else (types,)
     if isinstance(value, bool) and bool not in allowed:
-        raise fail(where, f"`{section}{key}` must be {type_name(types)}, got a boolean", f"set `{key}` to a {type_name(types)}")
+        raise fail(where, f"`{section}{key}` must be {type_name(types)}, got a boolean", f"set `{key}` to {type_name(types)}")
     if not isinstance(value, types):
         raise fail(where, f"`{section}{key}` must be {type_name(types)}, got {type(value).__name__} {value!r}",
-                   f"set `{key}` to a {type_name(types)}")
+                   f"set `{key}` to {type_name(types)}")
     return value
 
 

@@ -62,3 +62,14 @@ def test_plugin_fails_batch_variance_with_the_token_diff(cli, tmp_path, tiny_mod
     assert f"passes: pass 0 (concurrency 1) vs pass 2 (concurrency {n})" in text  # pass 1: the hot pass
     assert "factor: batch_size" in text
     assert "batch_variance" in proc.stdout and "first divergence" in proc.stdout
+
+
+def test_a_suite_that_does_not_load_is_a_usage_error(cli, tmp_path, fake_model):
+    """The suite's own message and fix, as pytest's usage error (exit 4) before any test: never pytest's
+    INTERNALERROR traceback, which reads as a bug in the plugin."""
+    suite = write_suite(tmp_path / "ws", fake_model, GREEN_PROMPTS[:2], kind="fake")
+    suite.write_text(suite.read_text().replace("max_tokens = 16", 'max_tokens = "16"'))
+    for path, message in [(suite, "`sampling.max_tokens` must be an integer"), (tmp_path / "none.toml", "suite file not found")]:
+        proc = run_pytest(cli, "--evalgate", path)
+        assert proc.returncode == 4 and "INTERNALERROR" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+        assert f"ERROR: --evalgate {path}: " in proc.stderr and message in proc.stderr and "fix: " in proc.stderr

@@ -259,6 +259,8 @@ def test_unknown_top_level_table(tmp_path):
 def test_wrong_type(tmp_path, sections, field):
     msg = config_error(write_suite(tmp_path, **sections))
     assert str(tmp_path / "evalgate.toml") in msg and f"`{field}` must be" in msg
+    wanted = msg.split(" must be ")[1].split(", got")[0]  # the fix names the same type, in plain English
+    assert f"set `{field.split('.')[-1]}` to {wanted}" in msg, msg
 
 
 def test_table_that_is_not_a_table(tmp_path):
