@@ -29,8 +29,13 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(session, config, items):
+    from .configuration.schedule import concurrency_levels
     from .errors import EvalgateError
 
+    try:
+        concurrency_levels(config.getoption("evalgate_concurrency"), "--evalgate-concurrency")
+    except EvalgateError as exc:
+        raise pytest.UsageError(str(exc)) from None
     for suite_file in config.getoption("evalgate"):
         try:
             items.extend(SuiteCollector.from_parent(session, path=Path(suite_file).resolve()).collect())
@@ -64,12 +69,11 @@ class SuiteRun:
     def get(self):
         if self.report is None and self.error is None:
             from . import gate
-            from .configuration.schedule import with_overrides
+            from .configuration.schedule import concurrency_levels, with_overrides
 
-            levels = self.config.getoption("evalgate_concurrency")
-            schedule = with_overrides(self.suite.schedule, [int(x) for x in levels.split(",")] if levels else None,
-                                      where=str(self.suite.path))
             try:
+                levels = concurrency_levels(self.config.getoption("evalgate_concurrency"), "--evalgate-concurrency")
+                schedule = with_overrides(self.suite.schedule, levels, where=str(self.suite.path))
                 self.report = gate.check(self.suite, schedule=schedule,
                                          strict=self.config.getoption("evalgate_strict"))
             except Exception as exc:  # reported as a pytest error on every request of the suite

@@ -11,12 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import EvalgateError, ExitCode, out_of_memory
+from ..errors import ConfigError, EvalgateError, ExitCode, out_of_memory
 
 
 def _console(stderr: bool = False) -> Console:
@@ -37,6 +36,12 @@ def _sigterm_as_interrupt(signum, frame):
     raise KeyboardInterrupt()
 
 
+# typer's own way out of a command (exit, abort, a usage error such as BadParameter raised in a command body):
+# never caught as unexpected. Its usage errors derive from click's ClickException, which typer >= 0.29 vendors
+# (click is then no dependency of evalgate's): found through BadParameter, whichever typer is installed.
+TYPER_EXITS = (typer.Exit, typer.Abort, next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"))
+
+
 def handled(fn):
     """Render evalgate errors as one clear message and exit with the contract code; never a traceback."""
 
@@ -55,7 +60,7 @@ def handled(fn):
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/]: the run is stored as incomplete and cannot become a baseline")
             raise typer.Exit(int(ExitCode.INFRA))
-        except (typer.Exit, typer.Abort, click.ClickException):
+        except TYPER_EXITS:
             raise
         except Exception as exc:  # never report an unexpected failure as a pass or a regression
             err_console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}")
@@ -137,15 +142,12 @@ VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show the engine's own 
 
 
 def parse_levels(value: str | None) -> list[int] | None:
-    if not value:
-        return None
+    from ..configuration.schedule import concurrency_levels
+
     try:
-        levels = [int(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        levels = []
-    if not levels or any(level < 1 for level in levels):
-        raise typer.BadParameter("expected comma-separated positive integers, e.g. 1,8,32", param_hint="--concurrency")
-    return levels
+        return concurrency_levels(value)
+    except ConfigError:
+        raise typer.BadParameter("expected comma-separated positive integers, e.g. 1,8,32", param_hint="--concurrency") from None
 
 
 def progress_bar():

@@ -13,11 +13,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
-import click
 import typer
 
 from ..errors import EvalgateError, ExitCode, out_of_memory
-from .common import VerboseOpt, console, err_console, handled, parse_levels, progress_bar, show_notes, writable_output
+from .common import TYPER_EXITS, VerboseOpt, console, err_console, handled, parse_levels, progress_bar, show_notes, writable_output
 
 SuiteArg = typer.Argument(None, help="Suite TOML file (default: ./evalgate.toml or \\[tool.evalgate] in ./pyproject.toml)")
 
@@ -66,7 +65,7 @@ def run_options(command):
 
 def _is_infra(exc: BaseException) -> bool:
     """Whether `handled` turns this into exit 3 (engine/infrastructure, interrupt, anything unexpected)."""
-    if isinstance(exc, (typer.Exit, typer.Abort, click.ClickException, SystemExit)):
+    if isinstance(exc, (*TYPER_EXITS, SystemExit)):
         return False
     if isinstance(exc, EvalgateError):
         return exc.exit_code == ExitCode.INFRA

@@ -207,6 +207,19 @@ def waves(keys: list[str], pass_: Pass) -> list[list[str]]:
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
+def concurrency_levels(text: str | None, flag: str = "--concurrency") -> list[int] | None:
+    """A command line's comma-separated concurrency levels (`1,8,32`), None when not given."""
+    if not text:
+        return None
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or any(level < 1 for level in levels):
+        raise ConfigError(f"{flag} {text!r}: expected comma-separated positive integers", fix=f"e.g. {flag} 1,8,32")
+    return levels
+
+
 def with_overrides(schedule: Schedule, concurrency=None, shuffles=None, repeats=None, *,
                    where: str | None = None) -> Schedule:
     """The schedule with the command line's --concurrency, --shuffles and --repeats; with `where` (the suite

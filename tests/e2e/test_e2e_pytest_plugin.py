@@ -73,3 +73,6 @@ def test_a_suite_that_does_not_load_is_a_usage_error(cli, tmp_path, fake_model):
         proc = run_pytest(cli, "--evalgate", path)
         assert proc.returncode == 4 and "INTERNALERROR" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
         assert f"ERROR: --evalgate {path}: " in proc.stderr and message in proc.stderr and "fix: " in proc.stderr
+    suite.write_text(suite.read_text().replace('max_tokens = "16"', "max_tokens = 16"))
+    proc = run_pytest(cli, "--evalgate", suite, "--evalgate-concurrency", "1,x")
+    assert proc.returncode == 4 and "ERROR: --evalgate-concurrency '1,x': expected comma-separated positive" in proc.stderr

@@ -122,3 +122,23 @@ def test_the_front_door_is_light_and_runs_a_suite(tmp_path, fake_model, monkeypa
     diff = evalgate.compare_runs(evalgate.open_store(suite.database), created.run_id, checked.run_id)
     assert diff.kind == "diff" and {v.key: v.verdict for v in diff.verdicts} == {"p001": "batch_variance"}
     assert diff.counts["stable"] == 1
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["check", "--concurrency", "0"], "--concurrency"),
+    (["check", "--merge"], "--merge"),
+    (["build-model", "out", "--preset", "nope"], "--preset"),
+])
+def test_a_flag_refused_in_a_command_body_is_a_usage_error(inline_cli, tmp_path, fake_model, args, flag):
+    """Exit 2 and typer's usage box naming the flag, as a flag refused by its parser is; never exit 3 (engine or
+    infrastructure) with "BadParameter:", as when typer's vendored click was not caught as click's."""
+    write_suite(tmp_path, fake_model, ["a"], kind="fake")
+    proc = inline_cli(*args, check=2)
+    assert f"Invalid value for {flag}" in proc.stderr and "BadParameter" not in proc.stderr
+
+
+def test_the_cli_needs_no_click_of_its_own():
+    """typer >= 0.29 vendors click, so click is no dependency of evalgate's and may be absent."""
+    proc = subprocess.run([sys.executable, "-c", "import sys; sys.modules['click'] = None; import evalgate.cli; "
+                           "import evalgate.cli.gate; print('ok')"], capture_output=True, text=True)
+    assert proc.stdout.strip() == "ok", proc.stderr
