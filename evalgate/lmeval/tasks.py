@@ -93,6 +93,7 @@ def prepare(config: LmEvalConfig, suite_path: Path) -> Prepared:
                 f"({', '.join(map(str, config.include_path)) or 'none set'}) nor an lm-eval built-in task",
                 fix=f"did you mean {close[0]!r}?" if close else "check the name (the `task:` key of its YAML)",
             )
+    _anchor_every_task_file(manager, config.include_path)
     pins = _locked_datasets(manager, config, suite_path)
     specs: list = []
     sources: dict[str, str] = {}
@@ -108,6 +109,24 @@ def prepare(config: LmEvalConfig, suite_path: Path) -> Prepared:
         sources[name] = str(yaml_path) if yaml_path else "lm-eval built-in"
         _check_loads(manager, specs[-1], name, sources[name], pins)
     return Prepared(config, manager, specs, sources, pins)
+
+
+def _anchor_every_task_file(manager, include_path) -> None:
+    """Data paths relative to their task file for every task file of the include paths as lm-eval builds it,
+    a group's or a tag's member too (lm-eval's own rule is the working directory): a group runs the same from
+    any directory, as a task named by itself does. Hooked where lm-eval reads a task or group file
+    (`TaskFactory._load_full_config`, lm-eval 0.4.13), on this manager only."""
+    factory = manager._factory
+    read = factory._load_full_config
+
+    def anchored(entry, overrides=None):
+        cfg = read(entry, overrides)
+        path = Path(entry.yaml_path).resolve() if entry.yaml_path else None
+        if path is not None and any(path.is_relative_to(p) for p in include_path):
+            cfg = _anchor_data_paths(cfg, path)
+        return cfg
+
+    factory._load_full_config = anchored
 
 
 def _check_loads(manager, spec, name: str, source: str, pins: dict[str, Pin]) -> None:

@@ -125,3 +125,26 @@ def test_unloadable_data_and_unavailable_builtin_tasks_are_named_before_the_engi
         prepare(builtin.lm_eval, builtin.path)
     assert "'arc_easy'" in str(err.value) and "'allenai/ai2_arc'" in str(err.value) and "does not pin" in str(err.value)
     assert "evalgate fetch" in err.value.fix
+
+
+def test_a_group_reads_its_tasks_data_relative_to_each_task_file(tmp_path, monkeypatch):
+    """A group (or tag) of the include paths' tasks: each member's data paths resolve against its own task
+    file, as a task named by itself does, from whatever working directory (lm-eval's rule would be the working
+    directory: a group in `tasks/` failed from the suite's directory). A missing file names its task file."""
+    suite = suite_file(tmp_path, 'include_path = ["tasks"]\ntasks = ["examples"]\n')
+    (tmp_path / "tasks" / "nested").mkdir()
+    (tmp_path / "tasks" / "nested" / "examples.yaml").write_text("group: examples\ntask:\n  - evalgate_arith\n"
+                                                                 "  - evalgate_capitals\n")
+    monkeypatch.chdir(tmp_path / "model")  # neither the suite's directory nor the task files'
+    loaded = load_suite(suite)
+    prepared = prepare(loaded.lm_eval, loaded.path)
+    tasks = prepared.manager.load(prepared.specs)["tasks"]  # every leaf task, through its groups
+    assert {"evalgate_arith", "evalgate_capitals"} <= set(tasks)
+    files = tasks["evalgate_arith"].config.dataset_kwargs["data_files"]
+    assert files == {"test": str((tmp_path / "tasks" / "arith.jsonl").resolve())}
+
+    (tmp_path / "tasks" / "arith.jsonl").unlink()
+    with pytest.raises(ConfigError) as err:
+        prepare(loaded.lm_eval, loaded.path)
+    assert str((tmp_path / "tasks" / "arith.yaml").resolve()) in str(err.value) and "does not exist" in str(err.value)
+
