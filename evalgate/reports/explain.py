@@ -90,10 +90,20 @@ def prompts_line(report) -> str | None:
             "baseline's (each an explained change: `prompt`, or `suite` where the request itself changed)")
 
 
+def own_changes_line(report) -> str | None:
+    """`changed in the suite itself: 2 differing requests ...`: the differences `suite` explains (a request's
+    own text, sampling or lm-eval task changed), which the identity line, of the stack around the suite, leaves out."""
+    n = sum("suite" in v.components for v in report.verdicts if v.verdict == "explained_change")
+    if not n:
+        return None
+    return (f"changed in the suite itself: {n} differing request{'s' if n > 1 else ''} (the request's own text, sampling or "
+            "lm-eval task: explained by `suite`)")
+
+
 def prompt_lines(report) -> list[str]:
-    """What a report says of the prompts the engine saw: the pinned calendar, and the rendered prompts
-    compared with the baseline's."""
-    return [line for line in (template_date_line(report), prompts_line(report)) if line]
+    """What a report says of what the engine was asked: the pinned calendar, the rendered prompts compared with
+    the baseline's, and the requests the suite itself changed."""
+    return [line for line in (template_date_line(report), prompts_line(report), own_changes_line(report)) if line]
 
 
 def template_date_line(report) -> str | None:

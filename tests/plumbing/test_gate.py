@@ -38,6 +38,24 @@ def test_explained_change_after_weight_swap(inline_cli, tmp_path, fake_model):
     inline_cli("check", suite, "--strict", check=1)
 
 
+def test_a_change_in_the_suite_itself_is_said_beside_the_unchanged_stack(inline_cli, tmp_path, fake_model):
+    """[sampling] or a prompt's text changed and nothing else: the stack's identity line says unchanged, and the
+    next line says which differing requests the suite itself explains, in the terminal, the job summary and the
+    HTML report alike (the identity line alone read as if nothing had changed)."""
+    suite = write_suite(tmp_path / "ws", fake_model, GREEN_PROMPTS[:4], concurrency=(1,), shuffles=0, kind="fake",
+                        max_tokens=4)
+    inline_cli("baseline", "create", suite, check=0)
+    suite.write_text(suite.read_text().replace("max_tokens = 4", "max_tokens = 5"))
+    summary = tmp_path / "summary.md"
+    inline_cli.env.update({"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)})
+    checked = inline_cli("check", suite, check=0)
+    line = "changed in the suite itself: 4 differing requests (the request's own text, sampling or lm-eval task"
+    assert "identity unchanged since baseline run 1" in checked.stdout and line in checked.stdout
+    assert line in summary.read_text()
+    inline_cli("report", "--latest", "--html", tmp_path / "r.html", "--suite", suite, check=0)
+    assert line.replace("'", "&#39;") in (tmp_path / "r.html").read_text()
+
+
 def test_two_shards_merge_to_the_unsharded_verdict(inline_cli, tmp_path, fake_model, store_url):
     model = tmp_path / "model"
     shutil.copytree(fake_model, model)
