@@ -205,8 +205,10 @@ def _render(template: str, s: Scaffold) -> str:
     environment.filters["toml"] = lambda value: tomlkit.item(value).as_string()  # a TOML value, quoted as TOML
     model = s.hub or (_path_in_suite(s.model, s.directory) if s.model is not None else None)
     in_repository = s.hub is None and model is not None and not os.path.isabs(model)  # beside the suite: checked out
+    clone = in_repository and (s.model / ".git").exists()  # a `git clone` of a Hub repo: git keeps a link, no files
     return environment.get_template(template).render(
-        s=s, model=model, in_repository=in_repository, lfs=in_repository and in_git_lfs(s.model),
+        s=s, model=model, in_repository=in_repository and not clone, clone=clone,
+        lfs=in_repository and not clone and in_git_lfs(s.model),
         action=s.action or action_ref(), prompts=_path_in_suite(s.prompts, s.directory) if s.prompts else PROMPTS_FILE,
         max_model_len=model_max_len(s.model) if s.model else MAX_MODEL_LEN, rotating=ROTATING, suite_file=SUITE_FILE)
 

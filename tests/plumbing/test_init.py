@@ -139,8 +139,9 @@ def test_the_workflow_pins_this_versions_action_and_uses_only_its_inputs(inline_
 
 def test_the_workflow_brings_the_model_the_way_it_lives(inline_cli, tmp_path, fake_model):
     """A model in the repository comes with the checkout (with `lfs: true` where git keeps its files in Git LFS),
-    one elsewhere is said to need a self-hosted runner or a Hub name; neither is cached under a key that never
-    changes (a cache hit would restore the old model over a changed one: a silent pass)."""
+    one elsewhere is said to need a self-hosted runner or a Hub name, and so is a git clone of its own inside the
+    repository (git keeps a link to it, and the checkout brings an empty directory). None is cached under a key
+    that never changes (a cache hit would restore the old model over a changed one: a silent pass)."""
     import shutil
     import subprocess
 
@@ -166,6 +167,13 @@ def test_the_workflow_brings_the_model_the_way_it_lives(inline_cli, tmp_path, fa
     assert "(models/mine) is in this repository: the checkout brings it" in text
     text, checkout, gate = project("lfs", "*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
     assert checkout["lfs"] is True and checkout["persist-credentials"] is False and "model-cache-path" not in gate
+
+    clone = tmp_path / "clone"
+    shutil.copytree(fake_model, clone / "models" / "hub")
+    subprocess.run(["git", "init", "-q", str(clone / "models" / "hub")], check=True)  # `git clone` of a Hub repo
+    inline_cli("init", "--dir", clone, "--model", clone / "models" / "hub", "--engine-extra", FAKE, "--no-survey", check=0)
+    text, checkout, gate = workflow(clone)
+    assert "(models/hub) is a git clone of its own" in text and "is in this repository" not in text
 
 
 def test_a_server_without_served_model_is_asked_for_its_one_model(inline_cli, tmp_path):
