@@ -268,23 +268,19 @@ def resolve_candidates(suite: Suite | None, cli: list[str] = (), candidates_file
 
 
 def check_engine_arg_names(candidates: list[Candidate]) -> None:
-    """Candidates' own engine arguments must be vLLM EngineArgs fields: checked before any engine starts
-    (imports vLLM, so only when some candidate has arguments of its own beyond the built-in ones)."""
-    import difflib
-
+    """Candidates' own engine arguments must be vLLM EngineArgs fields, of types they take: checked before any
+    engine starts (imports vLLM, so only when some candidate has arguments of its own beyond the built-in ones)."""
     custom = [c for c in candidates if c.origin != "default" and c.engine_args]
     if not custom:
         return
-    from .engines.vllm_offline import known_engine_args
+    from .engines.vllm_offline import engine_arg_problem, known_engine_args
 
     known = known_engine_args()
     for c in custom:
-        for key in c.engine_args:
-            if key not in known:
-                close = difflib.get_close_matches(key, sorted(known), n=1)
-                raise ConfigError(
-                    f"candidate {c.name!r} ({c.origin}): unknown vLLM engine argument `{key}`",
-                    fix=f"did you mean `{close[0]}`?" if close else "see vllm.engine.arg_utils.EngineArgs for the names")
+        for key, value in c.engine_args.items():
+            problem = engine_arg_problem(key, value, known)
+            if problem:
+                raise ConfigError(f"candidate {c.name!r} ({c.origin}): {problem[0]}", fix=problem[1])
 
 
 def candidate_suite(suite: Suite, candidate: Candidate) -> Suite:

@@ -48,27 +48,71 @@ def platform_name() -> str:
     return str(getattr(current_platform, "device_name", "unknown"))
 
 
-def known_engine_args() -> set[str]:
+def known_engine_args() -> dict[str, Any]:
+    """vLLM's EngineArgs fields: name -> annotation."""
     import dataclasses
 
     import_vllm()
     from vllm.engine.arg_utils import EngineArgs
 
-    return {f.name for f in dataclasses.fields(EngineArgs)}
+    return {f.name: f.type for f in dataclasses.fields(EngineArgs)}
+
+
+def engine_arg_problem(key: str, value: Any, known: dict[str, Any]) -> tuple[str, str] | None:
+    """Why vLLM would refuse `key = value` among its engine arguments, as (problem, fix), or None: a name that
+    is no EngineArgs field, or a value of a type the field's plain annotation rules out (`max_num_seqs = "4"`:
+    vLLM fails deep in its config checks, "'<' not supported between instances of 'int' and 'str'", naming no
+    field, after the engine process started). Fields of other annotations are vLLM's to check."""
+    import difflib
+
+    from ..configuration.config import type_name
+
+    if key not in known:
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        return (f"unknown vLLM engine argument `{key}`",
+                f"did you mean `{close[0]}`?" if close else "see vllm.engine.arg_utils.EngineArgs for the names")
+    wanted = _plain_types(known[key])
+    if wanted and not _fits(value, wanted):
+        return (f"`{key}` must be {type_name(wanted)}, got {type(value).__name__} {value!r}", f"set `{key}` to {type_name(wanted)}")
+    return None
+
+
+def _plain_types(annotation) -> tuple[type, ...] | None:
+    """The scalar types an annotation allows (`int | None` -> (int,); a Literal of strings -> (str,)), or None
+    where it allows anything else too (a config object, a dict, a callable)."""
+    import types
+    import typing
+
+    allowed = []
+    union = isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
+    for arm in typing.get_args(annotation) if union else (annotation,):
+        if arm is type(None):
+            continue
+        if typing.get_origin(arm) is typing.Literal and all(isinstance(a, str) for a in typing.get_args(arm)):
+            allowed.append(str)
+        elif arm in (bool, int, float, str):
+            allowed.append(arm)
+        else:
+            return None
+    return tuple(dict.fromkeys(allowed)) or None
+
+
+def _fits(value: Any, wanted: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):  # TOML's true is no integer here
+        return bool in wanted
+    if isinstance(value, int):
+        return int in wanted or float in wanted
+    return any(t in (float, str) and isinstance(value, t) for t in wanted)
 
 
 def check_engine_args(suite: Suite) -> None:
-    """Every pass-through key of [engine] must be a vLLM EngineArgs field (checked before anything is written)."""
-    import difflib
-
+    """Every pass-through key of [engine] must be a vLLM EngineArgs field, of a type it takes (checked before
+    anything is written)."""
     known = known_engine_args()
-    for key in suite.engine_args:
-        if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            raise ConfigError(
-                f"{suite.path}: unknown vLLM engine argument `engine.{key}`",
-                fix=f"did you mean `{close[0]}`?" if close else "see vllm.engine.arg_utils.EngineArgs for the names",
-            )
+    for key, value in suite.engine_args.items():
+        problem = engine_arg_problem(key, value, known)
+        if problem:
+            raise ConfigError(f"{suite.path}: [engine] {problem[0]}", fix=problem[1])
 
 
 class VllmOfflineEngine(Engine):

@@ -93,6 +93,8 @@ def test_candidate_env_reaches_only_its_engine_and_bad_args_are_exit_2(cli, tmp_
     bad = cli("cost", suite, "--no-defaults", "--candidate", "x:max_num_seq=2", check=2)
     assert "candidate 'x' (--candidate): unknown vLLM engine argument `max_num_seq`" in bad.stderr
     assert "max_num_seqs" in bad.stderr
+    typed = cli("cost", suite, "--no-defaults", "--candidate", "x:max_num_seqs=two", check=2)  # vLLM: "'<' not supported"
+    assert "candidate 'x' (--candidate): `max_num_seqs` must be an integer, got str 'two'" in typed.stderr
     assert not (tmp_path / "ws" / "evalgate.sqlite").exists()
 
     out = tmp_path / "c.json"

@@ -145,3 +145,27 @@ def test_a_gated_request_arrives_at_its_markers_line_among_the_events_of_its_ste
     suite = fake_suite()
     replayed = replay_steps(FakeEngine(suite), trace, suite.prompts[:1])
     assert [(a["step"], a["running"]) for a in replayed.stats["gated_arrivals"]] == [(0, line)]
+
+
+def test_an_engine_argument_of_a_type_its_field_rules_out_is_named():
+    """vLLM's EngineArgs annotations decide (here a stand-in for them: no vLLM import in the unit tier): a
+    quoted number for an integer field, a number for a flag or a Literal of names; a field of any other
+    annotation is vLLM's to check. `max_num_seqs = "4"` otherwise failed after the engine process started,
+    with "'<' not supported between instances of 'int' and 'str'" and no field named."""
+    import typing
+
+    from evalgate.engines.vllm_offline import engine_arg_problem
+
+    known = {"max_num_seqs": int | None, "enforce_eager": bool, "gpu_memory_utilization": float,
+             "kv_cache_dtype": typing.Literal["auto", "fp8"], "tokenizer_mode": typing.Union[typing.Literal["auto"], str],
+             "compilation_config": dict | str | None, "hf_overrides": typing.Optional[dict]}
+    assert engine_arg_problem("max_num_seqs", "4", known) == ("`max_num_seqs` must be an integer, got str '4'",
+                                                              "set `max_num_seqs` to an integer")
+    assert engine_arg_problem("max_num_seqs", True, known)[0] == "`max_num_seqs` must be an integer, got bool True"
+    assert engine_arg_problem("enforce_eager", 1, known)[0] == "`enforce_eager` must be true or false, got int 1"
+    assert engine_arg_problem("kv_cache_dtype", 8, known)[0] == "`kv_cache_dtype` must be a string, got int 8"
+    assert "did you mean `max_num_seqs`?" == engine_arg_problem("max_num_seq", 4, known)[1]
+    for key, value in [("max_num_seqs", 4), ("enforce_eager", False), ("gpu_memory_utilization", 1),
+                       ("gpu_memory_utilization", 0.5), ("kv_cache_dtype", "fp8"), ("tokenizer_mode", "mistral"),
+                       ("compilation_config", 3), ("compilation_config", {"level": 0}), ("hf_overrides", {"a": 1})]:
+        assert engine_arg_problem(key, value, known) is None, (key, value)
