@@ -107,6 +107,8 @@ Suite **smoke \<1\> \& co**, run 7 against baseline run 3: exit 1.
 
 - model: files changed: model.safetensors
 
+- changed in the suite itself: 1 differing request (the request's own text, sampling or lm-eval task: explained by \`suite\`)
+
 | verdict | requests |
 |---|---:|
 | stable | 1 |
