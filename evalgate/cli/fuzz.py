@@ -52,8 +52,9 @@ def convert(log: Path = typer.Argument(..., help="A log of your traffic: JSONL o
     trace = convert_log(log)
     with atomic_path(output) as tmp:
         tmp.write_text(trace.to_jsonl(), encoding="utf-8")
-    summary = trace.summary()
-    console.print(f"wrote {output}: {summary['events']} events over {trace.events[-1].offset:g} s", markup=False)
+    events = trace.summary()["events"]
+    console.print(f"wrote {output}: {events} event{'s' if events != 1 else ''} over {trace.events[-1].offset:g} s",
+                  markup=False)
 
 
 @handled

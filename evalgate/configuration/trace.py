@@ -427,7 +427,11 @@ def convert_log(path: Path) -> Trace:
                 except ValueError as exc:
                     raise ConfigError(f"{path}:{number}: not JSON ({exc})", fix="one JSON object per line, or a CSV") from None
     else:
-        rows = [(n + 2, row) for n, row in enumerate(csv.DictReader(lines))]
+        try:  # a spreadsheet's export in a locale whose decimal mark is the comma separates with `;`
+            dialect = csv.Sniffer().sniff(first, delimiters=",;\t|")
+        except csv.Error:  # one column: nothing to tell
+            dialect = csv.excel
+        rows = [(n + 2, row) for n, row in enumerate(csv.DictReader(lines, dialect=dialect))]
     if not rows:
         raise ConfigError(f"{path}: the log is empty", fix="give one request per line")
 

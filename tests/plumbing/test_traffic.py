@@ -126,6 +126,12 @@ def test_a_log_of_your_traffic_becomes_a_trace_of_lengths_without_text(inline_cl
     assert "log.jsonl:1: `output_tokens` must be a positive integer, got 0" in " ".join(proc.stderr.split())
     missing = inline_cli("trace", "convert", tmp_path / "nope.csv", "-o", tmp_path / "t3.jsonl", check=2)
     assert "nope.csv: log not found" in missing.stderr and not (tmp_path / "t3.jsonl").exists()
+    # a spreadsheet's export where the comma is the decimal mark: `;` between the columns (read as one column before)
+    semicolons = tmp_path / "export.csv"
+    semicolons.write_text('ts;prompt_tokens;output_tokens;prompt\n1.5;120;16;"a; b"\n')
+    proc = inline_cli("trace", "convert", semicolons, "-o", tmp_path / "t4.jsonl", check=0)
+    assert "1 event over 0 s" in proc.stdout
+    assert [json.loads(line)["tokens"] for line in (tmp_path / "t4.jsonl").read_text().splitlines()] == [120]
 
 
 @pytest.mark.parametrize(("planted", "expected"), [
