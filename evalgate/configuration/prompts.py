@@ -96,6 +96,10 @@ def load_prompts(path: Path, adapters: tuple[str, ...] = (), run_under: tuple[st
     prompts: list[Prompt] = []
     seen: dict[str, int] = {}
     raw = raw.removeprefix(BOM.encode())  # an editor's byte-order mark: not part of line 1 (config.py without_bom)
+    if raw.lstrip().startswith(b"["):  # a dataset exported as one JSON array (a .json file), not JSON Lines
+        target = f"{path.stem}.jsonl" if path.suffix != ".jsonl" else f"{path.stem}-lines.jsonl"  # never the input
+        raise ConfigError(f"{path}: a JSON array; a prompts file is JSON Lines, one object per line",
+                          fix=f"convert it: jq -c '.[]' {path.name} > {target}, then name that file in [prompts].file")
     for lineno, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
             continue

@@ -434,6 +434,14 @@ def test_chat_prompts_keep_their_conversation_and_template_arguments(tmp_path):
     assert json.loads(chat.text) == chat.chat()  # stored and reported as its conversation
 
 
+@pytest.mark.parametrize("text", [b'[{"id": "a", "prompt": "x"}]\n', b'\n  [\n{"id": "a", "prompt": "x"}\n]\n'])
+def test_a_json_array_is_named_with_its_conversion(tmp_path, text):
+    """A dataset exported as one JSON array (prompts.json) read line by line said "expected a JSON object" or
+    "invalid JSON (column 2)"; it is named as what it is, with the one-line conversion."""
+    msg = prompts_error(tmp_path, text)
+    assert "prompts.jsonl: a JSON array; a prompts file is JSON Lines" in msg and "jq -c '.[]' prompts.jsonl > prompts-lines.jsonl" in msg
+
+
 def test_invalid_json_reports_column(tmp_path):
     msg = prompts_error(tmp_path, b'{"id": "a" "prompt": "x"}\n')
     assert "prompts.jsonl:1: invalid JSON" in msg and "column 12" in msg
