@@ -246,13 +246,20 @@ def coverage_line(coverage: Coverage) -> str:
     return line + ")"
 
 
+ONE_PASS = ("passes compared: none (the schedule ran one pass): batch variance was not judged; add a "
+            "concurrency level, a shuffle or `hot_pass = true` to [schedule]")
+
+
 def factor_lines(factors: list[FactorRow], cache_hits: list[CacheHits] = (), not_run: list[NotRun] = (),
-                 alone_coverage: Coverage | None = None) -> list[str]:
+                 alone_coverage: Coverage | None = None, kind: str | None = None) -> list[str]:
     """`invariant under: batch size 1→8, order ...` / `varies under: prefix cache cold→hot (8 requests)`, the
     settings that remove each varying factor, whether the hot passes really hit the cache, what the plan
     asked for that could not run, and the rotating preset's alone coverage (verdict.Report.factors,
-    .cache_hits, .not_run, .alone_coverage)."""
+    .cache_hits, .not_run, .alone_coverage). A run of `kind` baseline, check or survey with no comparison at
+    all says so: its `stable` counts say nothing of batch variance."""
     lines = [coverage_line(alone_coverage)] if alone_coverage else []
+    if not factors and not alone_coverage and kind in ("baseline", "check", "survey"):
+        lines.append(ONE_PASS)
     # a hot pass that no request hit proves nothing about the cache: not exercised, rather than invariant
     # and a comparison no request ran in both passes of proves nothing at all
     cold_hot = {h.pass_ for h in cache_hits if h.hit == 0 and h.unknown == 0}

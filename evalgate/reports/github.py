@@ -160,7 +160,7 @@ def step_summary(report: Report, max_rows: int = MAX_SUMMARY_ROWS) -> str:
         fails = counts[name] and is_failure(name, report.strict)
         lines.append(f"| {'**' + name + '**' if fails else name} | {counts[name]} |")
     lines.append("")
-    factors = factor_lines(report.factors, report.cache_hits, report.not_run, report.alone_coverage)
+    factors = factor_lines(report.factors, report.cache_hits, report.not_run, report.alone_coverage, report.kind)
     factors += gate_lines(report.differences())
     factors += hardware_lines(report.hardware) + class_lines(report.classes)
     if factors:

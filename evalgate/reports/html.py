@@ -189,12 +189,12 @@ def page_context(run: Run, report: Report | None, sections: dict, diffs: list[Re
         paging = Paging(others=tuple((d.verdict.key, d.verdict.verdict) for d in diffs[PAGE_SIZE:]))
     conditions = sections.get("conditions") or {}
     factors, hits = conditions.get("factors") or [], conditions.get("cache_hits") or []
-    lines = factor_lines(factors, hits, conditions.get("not_run") or [], conditions.get("alone_coverage"))
+    lines = factor_lines(factors, hits, conditions.get("not_run") or [], conditions.get("alone_coverage"), run.kind)
     if lines and report is not None:
         lines += gate_lines(report.differences())
     hardware = conditions.get("hardware")
     engine = (report.batch_invariance if report is not None else None)
-    warn = ("varies", "  ", "not run", "drift")
+    warn = ("varies", "  ", "not run", "drift", "passes compared: none")
     return {
         "title": f"evalgate report: suite {run.suite_name}, run {run.id}",
         "verdict": named_verdict(report) or run.verdict,

@@ -66,8 +66,9 @@ def render_report(console: Console, report: Report) -> None:
         if n or name in ("stable",) + FAILURES:
             counts.add_row(Text(name, style=STYLE[name] if n else ""), str(n))
     console.print(counts)
-    for line in factor_lines(report.factors, report.cache_hits, report.not_run, report.alone_coverage):
-        console.print(escape(line), style="yellow" if line.startswith(("varies", "  ", "not run")) else "", soft_wrap=True)
+    warn = ("varies", "  ", "not run", "passes compared: none")
+    for line in factor_lines(report.factors, report.cache_hits, report.not_run, report.alone_coverage, report.kind):
+        console.print(escape(line), style="yellow" if line.startswith(warn) else "", soft_wrap=True)
     for line in comparison_rows(report.factors, report.cache_hits):
         console.print(escape(line), style="yellow" if "█" in line else "", soft_wrap=True)
     for line in gate_lines(report.differences()):

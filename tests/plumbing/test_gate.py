@@ -56,6 +56,18 @@ def test_a_change_in_the_suite_itself_is_said_beside_the_unchanged_stack(inline_
     assert line.replace("'", "&#39;") in (tmp_path / "r.html").read_text()
 
 
+def test_a_one_pass_schedule_says_it_judged_no_batch_variance(inline_cli, tmp_path, fake_model):
+    """One pass compares nothing: its `stable` says nothing of batch variance, and the report says so (it read
+    as a clean bill); with a second pass the line is gone."""
+    suite = write_suite(tmp_path / "ws", fake_model, GREEN_PROMPTS[:2], concurrency=(1,), shuffles=0, kind="fake",
+                        hot_pass=False)
+    created = inline_cli("baseline", "create", suite, check=0)
+    assert "passes compared: none (the schedule ran one pass): batch variance was not judged" in created.stdout
+    two = write_suite(tmp_path / "two", fake_model, GREEN_PROMPTS[:2], concurrency=(1, 2), shuffles=0, kind="fake",
+                      hot_pass=False)
+    assert "passes compared: none" not in inline_cli("baseline", "create", two, check=0).stdout
+
+
 def test_two_shards_merge_to_the_unsharded_verdict(inline_cli, tmp_path, fake_model, store_url):
     model = tmp_path / "model"
     shutil.copytree(fake_model, model)

@@ -167,6 +167,9 @@ def test_step_summary_pass_without_changes():
         "Run 1 is now the baseline for this hardware.\n\n"
         "| verdict | requests |\n|---|---:|\n| stable | 1 |\n| batch_variance | 0 |\n| silent_regression | 0 |\n"
         "| explained_change | 0 |\n| new | 0 |\n| missing | 0 |\n\n"
+        # no factor rows: the run compared no passes, which a one-pass schedule's `stable` must not hide
+        "- passes compared: none (the schedule ran one pass): batch variance was not judged; add a concurrency "
+        "level, a shuffle or \\`hot\\_pass = true\\` to \\[schedule\\]\n"
         "- gate: fail on bits (any difference fails, down to one logprob bit)\n")
     assert github.annotations(report) == ""
 
