@@ -63,6 +63,9 @@ def test_a_one_pass_schedule_says_it_judged_no_batch_variance(inline_cli, tmp_pa
                         hot_pass=False)
     created = inline_cli("baseline", "create", suite, check=0)
     assert "passes compared: none (the schedule ran one pass): batch variance was not judged" in created.stdout
+    inline_cli("report", "1", "--html", tmp_path / "r.html", "--suite", suite, check=0)
+    html = (tmp_path / "r.html").read_text()
+    assert "passes compared: none" in html and '<table class="factors">' not in html  # no empty table of factors
     two = write_suite(tmp_path / "two", fake_model, GREEN_PROMPTS[:2], concurrency=(1, 2), shuffles=0, kind="fake",
                       hot_pass=False)
     assert "passes compared: none" not in inline_cli("baseline", "create", two, check=0).stdout
