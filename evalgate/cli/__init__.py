@@ -8,11 +8,30 @@ import typer
 from . import bisect, cost, demo, fetch, fuzz, gate, history, init, models, report, survey
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},  # every command inherits them
                   help="Gate LLM serving determinism: batch variance and silent regressions, token by token.")
 baseline_app = typer.Typer(no_args_is_help=True, help="Create, accept, adopt and list baselines.")
 runs_app = typer.Typer(no_args_is_help=True, help="Look at stored runs.")
 bisect_app = typer.Typer(no_args_is_help=True, help="Find what changed an output: a commit, a setting, a neighbour.")
 trace_app = typer.Typer(no_args_is_help=True, help="Traffic traces: convert a log of your traffic, check a trace.")
+
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+        from ..scaffold import installed_commit
+
+        commit = installed_commit()
+        typer.echo(f"evalgate {__version__}" + (f" (commit {commit[:12]})" if commit else ""))
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print evalgate's version (and the commit it was installed from), then exit")):
+    pass
+
 
 app.add_typer(baseline_app, name="baseline")
 app.add_typer(runs_app, name="runs")

@@ -142,3 +142,15 @@ def test_the_cli_needs_no_click_of_its_own():
     proc = subprocess.run([sys.executable, "-c", "import sys; sys.modules['click'] = None; import evalgate.cli; "
                            "import evalgate.cli.gate; print('ok')"], capture_output=True, text=True)
     assert proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_the_version_and_the_short_help_flag(inline_cli):
+    """`evalgate --version` for a bug report (with the commit a checkout or a git install runs), and `-h` beside
+    `--help` on every command, as most command lines have them."""
+    from evalgate import __version__
+    from evalgate.scaffold import installed_commit
+
+    version = inline_cli("--version", check=0).stdout.strip()
+    commit = installed_commit()
+    assert version == f"evalgate {__version__}" + (f" (commit {commit[:12]})" if commit else "")
+    assert " baseline create [OPTIONS] [suite_file]" in inline_cli("baseline", "create", "-h", check=0).stdout
