@@ -25,7 +25,9 @@ def commands(group=None, path=()):
 
 
 COMMANDS = list(commands())
-FLAGS = {name: path for path, command in COMMANDS for p in command.params if not getattr(p, "hidden", False)
+# the root's own flags (`evalgate --version`) with every command's
+FLAGS = {name: path for path, command in [((), typer.main.get_command(app)), *COMMANDS] for p in command.params
+         if not getattr(p, "hidden", False)
          for name in getattr(p, "opts", []) if name.startswith("--") and name != "--help"}
 
 
