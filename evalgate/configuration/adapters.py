@@ -43,6 +43,7 @@ class Adapter:
     rank: int
     files: dict[str, str]
     unscored: tuple[str, ...] = ()
+    fan_in_fan_out: bool = False  # PEFT's flag for a model whose weights are stored (in, out), as GPT-2's Conv1D
 
     @property
     def unscored_reason(self) -> str:
@@ -114,7 +115,56 @@ def read_adapter(name: str, path: Path, where: str, field: str) -> Adapter:
         raise fail(where, f"`{field}`: {path / ADAPTER_CONFIG} has no positive integer rank `r` (got {rank!r})", fix)
     if not any((path / weights).is_file() for weights in ADAPTER_WEIGHTS):
         raise fail(where, f"`{field}`: {path} has no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})", fix)
-    return Adapter(name, path, rank, adapter_files(path), unscored_modules(config))
+    return Adapter(name, path, rank, adapter_files(path), unscored_modules(config), config.get("fan_in_fan_out") is True)
+
+
+def misfit(adapter: Adapter, model: Path) -> str | None:
+    """Where the adapter's LoRA matrices do not fit the model's weight they adapt (an adapter trained on another
+    model): the first such module, or None. vLLM loads one silently into buffers of the model's size, and its
+    requests run, answering nonsense. Read from the safetensors headers alone; a module the model's files do not
+    name as the adapter does (another checkpoint layout), a `.bin` adapter or no `safetensors` is not judged."""
+    a_shapes = tensor_shapes([adapter.path / ADAPTER_WEIGHTS[0]])
+    weights = model_weight_shapes(model)
+    flipped = bool(adapter.fan_in_fan_out)  # GPT-2's Conv1D: the weight is stored (in, out)
+    for key, shape in sorted(a_shapes.items()):
+        found = re.match(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])\.weight$", key)
+        weight = weights.get(f"{found[1]}.weight") if found else None
+        if weight is None or len(weight) != 2 or len(shape) != 2:
+            continue
+        out_features, in_features = reversed(weight) if flipped else weight
+        if found[2] == "A" and shape[1] != in_features:
+            return f"{found[1]}: its lora_A takes {shape[1]} inputs, the model's layer {in_features}"
+        if found[2] == "B" and shape[0] != out_features:
+            return f"{found[1]}: its lora_B gives {shape[0]} outputs, the model's layer {out_features}"
+    return None
+
+
+def model_weight_shapes(model: Path) -> dict[str, list[int]]:
+    """name -> shape of every weight of a model directory's safetensors files (one, or the shards its index
+    names); {} where they cannot be read."""
+    index = model / "model.safetensors.index.json"
+    try:
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())) if index.is_file() \
+            else ["model.safetensors"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    return tensor_shapes([model / name for name in shards])
+
+
+def tensor_shapes(files: list[Path]) -> dict[str, list[int]]:
+    """name -> shape of every tensor in these safetensors files (headers only); {} where one cannot be read."""
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        return {}
+    shapes: dict[str, list[int]] = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="np") as f:
+                shapes.update({key: list(f.get_slice(key).get_shape()) for key in f.keys()})
+        except Exception:  # missing, not safetensors, a pointer: other checks speak for those
+            return {}
+    return shapes
 
 
 def unscored_modules(config: dict) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..hashing import digest
 from ..registry import ENGINES, PROBE_PRESETS, PROBES
-from .adapters import BASE_MODEL, Adapter, adapter_choices, lora_settings, parse_adapters
+from .adapters import BASE_MODEL, Adapter, adapter_choices, lora_settings, misfit, parse_adapters
 from .config import (
     DEFAULT_DATABASE,
     chat_template_in,
@@ -259,6 +259,7 @@ def load_suite(path: str | Path, *, database: str | None = None, hub: HubResolve
     _logprobs_fit(engine_cls, engine, sampling, where, prefix)
     adapters = parse_adapters(tables["adapters"], root, where, f"{prefix}adapters.", hub=hub)
     if adapters:
+        _adapters_fit(adapters, engine.model, where, f"{prefix}adapters.")
         engine = _serving_adapters(engine_cls, engine, adapters, where, sec)
     lm_eval = _lm_eval_config(tables["lm_eval"], root, where, f"{prefix}lm_eval.", tuple(adapters)) \
         if "lm_eval" in data else None
@@ -325,6 +326,15 @@ def _chat_template_needed(engine, prompts: list[Prompt], prompts_file: Path | No
     if lm_eval is not None and lm_eval.apply_chat_template:
         raise fail(where, f"`{prefix}lm_eval.apply_chat_template` is set, but the tokenizer in {tokenizer} has no "
                    "chat template", f"{fix}, or set apply_chat_template = false")
+
+
+def _adapters_fit(adapters: dict[str, Adapter], model: Path | None, where: str, sec: str) -> None:
+    """An adapter trained on another model: vLLM would load it without a word and its requests answer nonsense."""
+    for adapter in adapters.values() if model is not None else ():
+        wrong = misfit(adapter, model)
+        if wrong:
+            raise fail(where, f"`{sec}{adapter.name}`: {adapter.path} does not fit the model {model} ({wrong}): it is "
+                       "another model's adapter", f"point `{sec}{adapter.name}` at an adapter trained on this model")
 
 
 def _serving_adapters(engine_cls, engine, adapters: dict[str, Adapter], where: str, sec: str):

@@ -177,3 +177,52 @@ def test_shards_merged_judge_an_edited_adapter_as_the_whole_run_does(inline_cli,
     inline_cli("check", suite, "--merge", "--group", "c", "--json-report", tmp_path / "m.json", check=0)
     changed = {r["key"]: (r["components"], r.get("adapter")) for r in read_json(tmp_path / "m.json")["requests"]}
     assert changed == {f"q{i}@support": (["adapter"], "support") for i in range(3)}
+
+
+def test_another_models_adapter_is_refused_naming_the_layer_that_does_not_fit(inline_cli, tmp_path):
+    """vLLM loads an adapter trained on another model without a word (its matrices go into buffers of this
+    model's size) and its requests answer nonsense: the shapes in the safetensors headers are compared with the
+    model's weights as the suite loads. GPT-2's Conv1D weights are stored (in, out): PEFT's fan_in_fan_out."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from evalgate.configuration.adapters import misfit, read_adapter
+
+    ws = tmp_path / "ws"
+    model = ws / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 256}))
+    attention = "model.layers.0.self_attn"
+    save_file({f"{attention}.q_proj.weight": np.zeros((16, 8), np.float32),
+               f"{attention}.v_proj.weight": np.zeros((4, 8), np.float32)}, str(model / "model.safetensors"))
+
+    def lora(path, inputs, v_outputs, **config):
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, **config}))
+        save_file({f"base_model.model.{attention}.q_proj.lora_A.weight": np.zeros((2, inputs), np.float32),
+                   f"base_model.model.{attention}.q_proj.lora_B.weight": np.zeros((16, 2), np.float32),
+                   f"base_model.model.{attention}.v_proj.lora_A.weight": np.zeros((2, inputs), np.float32),
+                   f"base_model.model.{attention}.v_proj.lora_B.weight": np.zeros((v_outputs, 2), np.float32)},
+                  str(path / "adapter_model.safetensors"))
+
+    lora(ws / "mine", 8, 4)
+    lora(ws / "wide", 6, 4)  # another model's hidden size
+    lora(ws / "kv", 8, 8)  # another model's key/value heads
+    suite = write_suite(ws, model, LINES[:1], max_tokens=2, kind="fake", concurrency=(1,), shuffles=0, hot_pass=False)
+    base = suite.read_text().replace('file = "prompts.jsonl"', 'file = "prompts.jsonl"\nadapters = ["base", "mine"]')
+    suite.write_text(base + '\n[adapters]\nmine = "mine"\n')
+    inline_cli("baseline", "create", suite, check=0)
+    for name, words in [("wide", "q_proj: its lora_A takes 6 inputs, the model's layer 8"),
+                        ("kv", "v_proj: its lora_B gives 8 outputs, the model's layer 4")]:
+        suite.write_text(base + f'\n[adapters]\nmine = "{name}"\n')
+        err = " ".join(inline_cli("check", suite, check=2).stderr.split())
+        assert f"`adapters.mine`: {ws / name} does not fit the model" in err and words in err, err
+        assert "another model's adapter" in err
+
+    flipped = model.parent / "conv1d"  # GPT-2 stores (in, out): the same adapter fits its flipped weights
+    flipped.mkdir()
+    save_file({f"{attention}.q_proj.weight": np.zeros((8, 16), np.float32),
+               f"{attention}.v_proj.weight": np.zeros((8, 4), np.float32)}, str(flipped / "model.safetensors"))
+    lora(ws / "conv", 8, 4, fan_in_fan_out=True)
+    assert misfit(read_adapter("c", ws / "conv", "w", "f"), flipped) is None
+    assert misfit(read_adapter("m", ws / "mine", "w", "f"), flipped) is not None
