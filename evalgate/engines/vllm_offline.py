@@ -58,22 +58,24 @@ def known_engine_args() -> dict[str, Any]:
     return {f.name: f.type for f in dataclasses.fields(EngineArgs)}
 
 
-def engine_arg_problem(key: str, value: Any, known: dict[str, Any]) -> tuple[str, str] | None:
+def engine_arg_problem(key: str, value: Any, known: dict[str, Any], section: str = "") -> tuple[str, str] | None:
     """Why vLLM would refuse `key = value` among its engine arguments, as (problem, fix), or None: a name that
     is no EngineArgs field, or a value of a type the field's plain annotation rules out (`max_num_seqs = "4"`:
     vLLM fails deep in its config checks, "'<' not supported between instances of 'int' and 'str'", naming no
-    field, after the engine process started). Fields of other annotations are vLLM's to check."""
+    field, after the engine process started). Fields of other annotations are vLLM's to check. `section`
+    prefixes the name in the problem (`engine.`)."""
     import difflib
 
     from ..configuration.config import type_name
 
     if key not in known:
         close = difflib.get_close_matches(key, sorted(known), n=1)
-        return (f"unknown vLLM engine argument `{key}`",
+        return (f"unknown vLLM engine argument `{section}{key}`",
                 f"did you mean `{close[0]}`?" if close else "see vllm.engine.arg_utils.EngineArgs for the names")
     wanted = _plain_types(known[key])
     if wanted and not _fits(value, wanted):
-        return (f"`{key}` must be {type_name(wanted)}, got {type(value).__name__} {value!r}", f"set `{key}` to {type_name(wanted)}")
+        return (f"`{section}{key}` must be {type_name(wanted)}, got {type(value).__name__} {value!r}",
+                f"set `{key}` to {type_name(wanted)}")
     return None
 
 
@@ -110,9 +112,9 @@ def check_engine_args(suite: Suite) -> None:
     anything is written)."""
     known = known_engine_args()
     for key, value in suite.engine_args.items():
-        problem = engine_arg_problem(key, value, known)
+        problem = engine_arg_problem(key, value, known, "engine.")
         if problem:
-            raise ConfigError(f"{suite.path}: [engine] {problem[0]}", fix=problem[1])
+            raise ConfigError(f"{suite.path}: {problem[0]}", fix=problem[1])
 
 
 class VllmOfflineEngine(Engine):
