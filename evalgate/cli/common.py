@@ -211,6 +211,8 @@ def writable_output(ctx: typer.Context, param: typer.CallbackParam, path: Path |
 
     if path is None or ctx.resilient_parsing:
         return path
+    if str(path) == "-":  # not standard output: that carries the report for people
+        raise typer.BadParameter("`-`: name a file (standard output carries the report for people), e.g. out/report.json")
     try:
         if path.is_dir():
             raise IsADirectoryError(21, "it is a directory")

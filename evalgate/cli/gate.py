@@ -110,6 +110,9 @@ def _run(kind: str, suite_file, options: RunOptions, **kwargs):
     merge, verbose, fail_on = options.merge, options.verbose, options.fail_on
     resume = options.resume_run if options.resume_run is not None else options.resume
     started, timestamp = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+    if json_report and junit and json_report.resolve() == junit.resolve():
+        raise typer.BadParameter(f"{junit} is the --json-report's path too: one would overwrite the other",
+                                 param_hint="--junit")
     suite = load_suite(find_suite(suite_file), database=db)
     show_notes(suite)
     if fail_on is not None:

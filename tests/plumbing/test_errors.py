@@ -48,9 +48,21 @@ def test_an_output_path_the_run_could_not_write_is_refused_before_it_runs(inline
     for path, why in [(tmp_path / "taken", "it is a directory"), (tmp_path / "a-file" / "r.xml", "a-file is a file, not a directory")]:
         said = " ".join(re.sub("[│╭╮╰╯─]", " ", inline_cli("baseline", "create", suite, flag, path, check=2).stderr).split())
         assert f"Invalid value for '{flag}'" in said and "cannot write there" in said and why in said, said
-    assert not (tmp_path / "evalgate.sqlite").exists()
+    # `-` is no file named "-" (as it was written): standard output carries the report for people
+    said = " ".join(re.sub("[│╭╮╰╯─]", " ", inline_cli("baseline", "create", suite, flag, "-", check=2).stderr).split())
+    assert "`-`: name a file (standard output carries the report for people)" in said, said
+    assert not (tmp_path / "evalgate.sqlite").exists() and not (tmp_path / "-").exists()
     inline_cli("baseline", "create", suite, flag, tmp_path / "new" / "dirs" / "out", check=0)
     assert (tmp_path / "new" / "dirs" / "out").stat().st_size > 0
+
+
+def test_one_path_for_both_reports_is_refused_before_the_run(inline_cli, tmp_path, fake_model):
+    """--json-report and --junit at one path: the JUnit XML overwrote the JSON report without a word."""
+    suite = write_suite(tmp_path, fake_model, ["hello"], kind="fake")
+    proc = inline_cli("check", suite, "--json-report", tmp_path / "r.json", "--junit", tmp_path / "." / "r.json", check=2)
+    said = " ".join(re.sub("[│╭╮╰╯─]", " ", proc.stderr).split())
+    assert "Invalid value for --junit:" in said and "is the --json-report's path too" in said, said
+    assert not (tmp_path / "evalgate.sqlite").exists()
 
 
 def test_empty_prompts_file(inline_cli, tmp_path, fake_model):
