@@ -194,7 +194,7 @@ def example_prompts(chat: bool) -> list[dict]:
     return lines
 
 
-def _render(template: str, s: Scaffold) -> str:
+def _render(template: str, s: Scaffold, **extra) -> str:
     """One of the files `init` writes, from its template (evalgate/templates/init/) and the scaffold's choices."""
     import jinja2
     import tomlkit
@@ -204,11 +204,8 @@ def _render(template: str, s: Scaffold) -> str:
                                      undefined=jinja2.StrictUndefined, autoescape=False)
     environment.filters["toml"] = lambda value: tomlkit.item(value).as_string()  # a TOML value, quoted as TOML
     model = s.hub or (_path_in_suite(s.model, s.directory) if s.model is not None else None)
-    in_repository = s.hub is None and model is not None and not os.path.isabs(model)  # beside the suite: checked out
-    clone = in_repository and (s.model / ".git").exists()  # a `git clone` of a Hub repo: git keeps a link, no files
     return environment.get_template(template).render(
-        s=s, model=model, in_repository=in_repository and not clone, clone=clone,
-        lfs=in_repository and not clone and in_git_lfs(s.model),
+        s=s, model=model, **extra,
         action=s.action or action_ref(), prompts=_path_in_suite(s.prompts, s.directory) if s.prompts else PROMPTS_FILE,
         max_model_len=model_max_len(s.model) if s.model else MAX_MODEL_LEN, rotating=ROTATING, suite_file=SUITE_FILE)
 
@@ -218,7 +215,12 @@ def suite_text(s: Scaffold) -> str:
 
 
 def workflow_text(s: Scaffold) -> str:
-    return _render("evalgate.yml.j2", s)
+    """The workflow, bringing a local model the way it lives: beside the suite, the checkout brings it (with
+    `lfs: true` where git keeps it in LFS), unless it is a git clone of its own (git keeps a link, no files)."""
+    in_repository = s.hub is None and s.model is not None and not os.path.isabs(_path_in_suite(s.model, s.directory))
+    clone = in_repository and (s.model / ".git").exists()
+    return _render("evalgate.yml.j2", s, in_repository=in_repository and not clone, clone=clone,
+                   lfs=in_repository and not clone and in_git_lfs(s.model))
 
 
 def scaffold_files(s: Scaffold) -> dict[str, str]:

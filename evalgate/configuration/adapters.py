@@ -118,20 +118,19 @@ def read_adapter(name: str, path: Path, where: str, field: str) -> Adapter:
     return Adapter(name, path, rank, adapter_files(path), unscored_modules(config), config.get("fan_in_fan_out") is True)
 
 
-def misfit(adapter: Adapter, model: Path) -> str | None:
+def misfit(adapter: Adapter, weights: dict[str, list[int]]) -> str | None:
     """Where the adapter's LoRA matrices do not fit the model's weight they adapt (an adapter trained on another
     model): the first such module, or None. vLLM loads one silently into buffers of the model's size, and its
     requests run, answering nonsense. Read from the safetensors headers alone; a module the model's files do not
-    name as the adapter does (another checkpoint layout), a `.bin` adapter or no `safetensors` is not judged."""
+    name as the adapter does (another checkpoint layout), a `.bin` adapter or no `safetensors` is not judged.
+    `weights`: the model's (`model_weight_shapes`), read once for all its adapters."""
     a_shapes = tensor_shapes([adapter.path / ADAPTER_WEIGHTS[0]])
-    weights = model_weight_shapes(model)
-    flipped = bool(adapter.fan_in_fan_out)  # GPT-2's Conv1D: the weight is stored (in, out)
     for key, shape in sorted(a_shapes.items()):
         found = re.match(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])\.weight$", key)
         weight = weights.get(f"{found[1]}.weight") if found else None
         if weight is None or len(weight) != 2 or len(shape) != 2:
             continue
-        out_features, in_features = reversed(weight) if flipped else weight
+        out_features, in_features = reversed(weight) if adapter.fan_in_fan_out else weight  # GPT-2's Conv1D: (in, out)
         if found[2] == "A" and shape[1] != in_features:
             return f"{found[1]}: its lora_A takes {shape[1]} inputs, the model's layer {in_features}"
         if found[2] == "B" and shape[0] != out_features:

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..hashing import digest
 from ..registry import ENGINES, PROBE_PRESETS, PROBES
-from .adapters import BASE_MODEL, Adapter, adapter_choices, lora_settings, misfit, parse_adapters
+from .adapters import BASE_MODEL, Adapter, adapter_choices, lora_settings, misfit, model_weight_shapes, parse_adapters
 from .config import (
     DEFAULT_DATABASE,
     chat_template_in,
@@ -330,8 +330,9 @@ def _chat_template_needed(engine, prompts: list[Prompt], prompts_file: Path | No
 
 def _adapters_fit(adapters: dict[str, Adapter], model: Path | None, where: str, sec: str) -> None:
     """An adapter trained on another model: vLLM would load it without a word and its requests answer nonsense."""
-    for adapter in adapters.values() if model is not None else ():
-        wrong = misfit(adapter, model)
+    weights = model_weight_shapes(model) if model is not None else {}
+    for adapter in adapters.values() if weights else ():
+        wrong = misfit(adapter, weights)
         if wrong:
             raise fail(where, f"`{sec}{adapter.name}`: {adapter.path} does not fit the model {model} ({wrong}): it is "
                        "another model's adapter", f"point `{sec}{adapter.name}` at an adapter trained on this model")

@@ -186,7 +186,7 @@ def test_another_models_adapter_is_refused_naming_the_layer_that_does_not_fit(in
     import numpy as np
     from safetensors.numpy import save_file
 
-    from evalgate.configuration.adapters import misfit, read_adapter
+    from evalgate.configuration.adapters import misfit, model_weight_shapes, read_adapter
 
     ws = tmp_path / "ws"
     model = ws / "model"
@@ -224,5 +224,5 @@ def test_another_models_adapter_is_refused_naming_the_layer_that_does_not_fit(in
     save_file({f"{attention}.q_proj.weight": np.zeros((8, 16), np.float32),
                f"{attention}.v_proj.weight": np.zeros((8, 4), np.float32)}, str(flipped / "model.safetensors"))
     lora(ws / "conv", 8, 4, fan_in_fan_out=True)
-    assert misfit(read_adapter("c", ws / "conv", "w", "f"), flipped) is None
-    assert misfit(read_adapter("m", ws / "mine", "w", "f"), flipped) is not None
+    assert misfit(read_adapter("c", ws / "conv", "w", "f"), model_weight_shapes(flipped)) is None
+    assert misfit(read_adapter("m", ws / "mine", "w", "f"), model_weight_shapes(flipped)) is not None
