@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 
+from evalgate.kernels.activation import EXACT, make_row_wise, row_wise_kernel
 from evalgate.kernels.attention import AttentionConfig, attention_varies
 from evalgate.kernels.linear import Geometry, calibrate, linear_path, tiled
 from evalgate.kernels.status import STATUS
@@ -81,6 +82,8 @@ def _list_uncovered() -> None:
 
     def load_model(self, *args, **kwargs) -> None:
         original(self, *args, **kwargs)
+        for module in self.model.modules():
+            make_row_wise(module)
         for op in uncovered_ops(self.model, lora=self.lora_config is not None):
             STATUS.add_uncovered(op)
         if _name(self.vllm_config.compilation_config.mode) != "NONE":
@@ -108,6 +111,10 @@ def uncovered_ops(model, lora: bool = False) -> list[str]:
             families.setdefault("state-space or linear-attention layers", set()).add(kind)
         elif "MLA" in kind:
             families.setdefault("multi-head latent attention", set()).add(kind)
+        elif _is_activation(module) and kind not in EXACT and row_wise_kernel(module) is None:
+            families.setdefault("activations computed over the batch's whole tensor", set()).add(kind)
+        if getattr(module, "soft_cap", None) and kind == "LogitsProcessor":
+            found.add("a final logit soft cap (tanh over the batch's whole logits)")
         impl = getattr(module, "impl", None)
         if impl is not None and type(impl).__name__ == "CPUAttentionBackendImpl":
             if impl.alibi_slopes is not None or impl.sinks is not None or impl.logits_soft_cap:
@@ -117,6 +124,11 @@ def uncovered_ops(model, lora: bool = False) -> list[str]:
     if lora:
         found.add("LoRA adapters (vLLM's CPU punica ops)")
     return sorted(found | {f"{family} ({', '.join(sorted(kinds))})" for family, kinds in families.items()})
+
+
+def _is_activation(module) -> bool:
+    """One of vLLM's activation layers, or PyTorch's (what `get_act_fn` returns)."""
+    return type(module).__module__ in ("vllm.model_executor.layers.activation", "torch.nn.modules.activation")
 
 
 def _name(value) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from evalgate.atomic import write_text_atomic
 
 STATUS_PATH_ENV = "EVALGATE_CPU_INVARIANT_STATUS"
-KERNELS = "evalgate-cpu-kernels/1"
+KERNELS = "evalgate-cpu-kernels/2"
 
 
 @dataclass

@@ -87,6 +87,102 @@ def test_rows_of_vllms_cpu_kernels_keep_their_bits_in_any_batch_once_tiled(tmp_p
                                    "mixture-of-experts layers (FusedMoE)"]
 
 
+def test_each_activation_row_keeps_its_bits_under_two_threads(tmp_path):
+    """PyTorch computes an activation over the call's whole tensor, one slice per thread, and the end of a slice
+    takes a scalar path: a row cut there gets other bits. Each activation the mode knows, row-wise, at widths a
+    vector does and does not divide, two threads: a row's bits alone equal its bits in calls of any size, at any
+    place, and the values are still the activation's. The ones it does not know are named."""
+    script = tmp_path / "activations.py"
+    script.write_text(ACTIVATIONS_SCRIPT, encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], env={**os.environ, **TEST_ENV, "OMP_NUM_THREADS": "2"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["checked"] == 2 * 3 * 10 and result["failures"] == [] and result["far"] == [], result
+    assert result["uncovered"] == ["a final logit soft cap (tanh over the batch's whole logits)",
+                                   "activations computed over the batch's whole tensor (MulAndSilu, Tanh)"]
+
+
+def test_a_model_keeps_each_requests_bits_under_two_threads(tmp_path, tiny_model):
+    """The model-level oracle with two threads, on a Llama whose MLP is 360 wide (a thread's slice of its
+    activation ends inside a row on any vector width: tests/raw_vllm.py, plain vLLM with the plugin): with the
+    mode on, each request's bits alone equal its bits among all twelve, in pairs and shuffled."""
+    model = tmp_path / "wide-mlp"
+    subprocess.run([sys.executable, "-c", WIDE_MLP_SCRIPT, str(tiny_model), str(model)], check=True,
+                   env={**os.environ, **TEST_ENV}, capture_output=True, timeout=300)
+    plan = {"model": str(model), "dtype": "float32",
+            "engine": {"max_model_len": 512, "enforce_eager": True, "seed": 0},
+            "sampling": {"temperature": 0.0, "max_tokens": 4, "logprobs": 5},
+            "prompts": [{"key": f"p{i}", "prompt": p} for i, p in enumerate(PROMPTS)],
+            "conditions": [{"name": "alone", "concurrency": 1, "salt": "alone"},
+                           {"name": "crowded", "concurrency": len(PROMPTS), "salt": "crowded"},
+                           {"name": "pairs", "concurrency": 2, "salt": "pairs", "order_seed": 3}]}
+    env = {**os.environ, **TEST_ENV, "OMP_NUM_THREADS": "2", "EVALGATE_CPU_BATCH_INVARIANT": "1"}
+    on = run_plain_vllm(plan, tmp_path / "on", env)
+    for condition in ("crowded", "pairs"):
+        assert differing_keys(on["alone"], on[condition]) == [], condition
+
+
+WIDE_MLP_SCRIPT = r'''
+import shutil, sys, torch, transformers
+tiny, out = sys.argv[1:]
+torch.manual_seed(0)
+config = transformers.AutoConfig.from_pretrained(tiny)
+config.intermediate_size, config.num_hidden_layers = 360, 2
+model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float32)
+with torch.no_grad():
+    for parameter in model.parameters():
+        parameter.normal_(0, 0.3)
+model.save_pretrained(out)
+for name in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(f"{tiny}/{name}", f"{out}/{name}")
+'''
+
+
+ACTIVATIONS_SCRIPT = r'''
+import json, torch
+from vllm.platforms import current_platform
+current_platform.import_kernels()
+from vllm.model_executor.layers import activation as vllm_act
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from evalgate.kernels.activation import make_row_wise
+from evalgate.kernels.install import uncovered_ops
+
+configured = set_current_vllm_config(VllmConfig())  # vLLM's layers are built inside an engine's configuration
+configured.__enter__()
+torch.manual_seed(0)
+modules = {"SiluAndMul": lambda: vllm_act.SiluAndMul(), "GeluAndMul": lambda: vllm_act.GeluAndMul(),
+           "GeluAndMul tanh": lambda: vllm_act.GeluAndMul(approximate="tanh"), "GELU": lambda: vllm_act.GELU(),
+           "GELUTanh": lambda: vllm_act.GELUTanh(), "NewGELU": lambda: vllm_act.NewGELU(),
+           "FastGELU": lambda: vllm_act.FastGELU(), "QuickGELU": lambda: vllm_act.QuickGELU(),
+           "nn.SiLU": lambda: torch.nn.SiLU(), "nn.GELU tanh": lambda: torch.nn.GELU(approximate="tanh")}
+failures, far, checked = [], [], 0
+for dtype in (torch.float32, torch.bfloat16):
+    for width in (352, 360, 100):
+        for name, make in modules.items():
+            native, module = make(), make()
+            assert make_row_wise(module), name
+            gated = name.split()[0].endswith("AndMul")
+            x = (torch.randn(301, 2 * width if gated else width) * 3).to(dtype)
+            alone = [module(x[i:i + 1])[0] for i in range(len(x))]
+            for m in (2, 3, 37, 129, 301):
+                batch, flipped = module(x[:m]), module(x[:m].flip(0))
+                for i in range(m):
+                    if not (torch.equal(batch[i], alone[i]) and torch.equal(flipped[m - 1 - i], alone[i])):
+                        failures.append(f"{name} {dtype} {width} row {i} of {m}")
+                        break
+            tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+            if not torch.allclose(module(x).float(), native(x).float(), rtol=tolerance, atol=tolerance):
+                far.append(f"{name} {dtype} {width}")
+            checked += 1
+head = LogitsProcessor(64, soft_cap=30.0)
+uncovered = uncovered_ops(torch.nn.Sequential(vllm_act.SiluAndMul(), vllm_act.MulAndSilu(), torch.nn.Tanh(),
+                                              torch.nn.ReLU(), head))
+print(json.dumps({"checked": checked, "failures": failures[:5], "far": far, "uncovered": uncovered}))
+'''
+
+
 ROWS_SCRIPT = r'''
 import json, random, torch
 from vllm.platforms import current_platform

@@ -54,7 +54,7 @@ def test_the_report_rows_keep_the_json_contract():
     flip = Flip("k", "near_tie", 3, "token", {"id": 1}, {"id": 2}, 0.1, 0.2, 0.05)
     assert to_json(flip)["class"] == "near_tie" and from_json(Flip, to_json(flip)) == flip
     assert to_json(BatchInvariance()) == {} and not BatchInvariance().known  # `{}`: the engine did not say
-    assert to_json(BatchInvariance(True, True, "", "evalgate-cpu-kernels/1"))["kernels"] == "evalgate-cpu-kernels/1"
+    assert to_json(BatchInvariance(True, True, "", "evalgate-cpu-kernels/2"))["kernels"] == "evalgate-cpu-kernels/2"
     assert "kernels" not in to_json(BatchInvariance(False, False, "not requested"))
     # the oldest runs recorded no [gate]: judged on bits at a near-tie margin of 0.1
     assert GatePolicy.recorded(None) == GatePolicy(near_tie_margin=0.1)
