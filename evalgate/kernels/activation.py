@@ -18,6 +18,8 @@ from typing import Callable
 
 VECTOR = 8   # the C++ kernels' vector width (vLLM csrc/cpu/activation.cpp: `d % VEC_ELEM_NUM == 0`)
 EXACT = ("ReLU", "ReLUSquaredActivation", "FatreluAndMul", "Identity")   # IEEE-exact ops: any order, same bits
+# An activation a model file calls itself, not through a layer: nothing for the mode to swap
+INLINE_CALLS = ("F.silu(", "F.gelu(", "functional.silu(", "functional.gelu(", "torch.tanh(", "torch.sigmoid(")
 
 
 def row_wise_kernel(module) -> tuple[str, bool] | None:
@@ -65,3 +67,16 @@ def make_row_wise(module) -> bool:
         return False
     module.forward = row_wise(*kernel)
     return True
+
+
+def inline_activations(model) -> list[str]:
+    """The vLLM model files among `model`'s layers' that call an activation inline (read, not imported)."""
+    import importlib.util
+    from pathlib import Path
+
+    files = []
+    for name in sorted({type(module).__module__ for module in model.modules()}):
+        spec = importlib.util.find_spec(name) if name.startswith("vllm.model_executor.models.") else None
+        if spec and spec.origin and any(call in Path(spec.origin).read_text(encoding="utf-8") for call in INLINE_CALLS):
+            files.append(name.rsplit(".", 1)[-1] + ".py")
+    return files

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from evalgate.kernels.activation import EXACT, make_row_wise, row_wise_kernel
+from evalgate.kernels.activation import EXACT, inline_activations, make_row_wise, row_wise_kernel
 from evalgate.kernels.attention import AttentionConfig, attention_varies
 from evalgate.kernels.linear import Geometry, calibrate, linear_path, tiled
 from evalgate.kernels.status import STATUS
@@ -121,6 +121,8 @@ def uncovered_ops(model, lora: bool = False) -> list[str]:
                 found.add("attention with ALiBi, sinks or a logit soft cap (the check runs without them)")
         elif impl is not None and "Attention" in type(impl).__name__:
             found.add(f"attention backend {type(impl).__name__}")
+    found.update(f"an activation vLLM's {file} calls inline (the mode computes only activation layers row by row)"
+                 for file in inline_activations(model))
     if lora:
         found.add("LoRA adapters (vLLM's CPU punica ops)")
     return sorted(found | {f"{family} ({', '.join(sorted(kinds))})" for family, kinds in families.items()})

@@ -91,7 +91,8 @@ def test_each_activation_row_keeps_its_bits_under_two_threads(tmp_path):
     """PyTorch computes an activation over the call's whole tensor, one slice per thread, and the end of a slice
     takes a scalar path: a row cut there gets other bits. Each activation the mode knows, row-wise, at widths a
     vector does and does not divide, two threads: a row's bits alone equal its bits in calls of any size, at any
-    place, and the values are still the activation's. The ones it does not know are named."""
+    place, and the values are still the activation's. The ones it does not know, and a model file that calls one
+inline, are named."""
     script = tmp_path / "activations.py"
     script.write_text(ACTIVATIONS_SCRIPT, encoding="utf-8")
     proc = subprocess.run([sys.executable, str(script)], env={**os.environ, **TEST_ENV, "OMP_NUM_THREADS": "2"},
@@ -100,7 +101,9 @@ def test_each_activation_row_keeps_its_bits_under_two_threads(tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["checked"] == 2 * 3 * 10 and result["failures"] == [] and result["far"] == [], result
     assert result["uncovered"] == ["a final logit soft cap (tanh over the batch's whole logits)",
-                                   "activations computed over the batch's whole tensor (MulAndSilu, Tanh)"]
+                                   "activations computed over the batch's whole tensor (MulAndSilu, Tanh)",
+                                   "an activation vLLM's laguna.py calls inline (the mode computes only activation "
+                                   "layers row by row)"]
 
 
 def test_a_model_keeps_each_requests_bits_under_two_threads(tmp_path, tiny_model):
@@ -177,8 +180,10 @@ for dtype in (torch.float32, torch.bfloat16):
                 far.append(f"{name} {dtype} {width}")
             checked += 1
 head = LogitsProcessor(64, soft_cap=30.0)
+Inline = type("LagunaMLP", (torch.nn.Module,), {"__module__": "vllm.model_executor.models.laguna"})  # F.silu(gate)
+Layered = type("LlamaMLP", (torch.nn.Module,), {"__module__": "vllm.model_executor.models.llama"})   # SiluAndMul
 uncovered = uncovered_ops(torch.nn.Sequential(vllm_act.SiluAndMul(), vllm_act.MulAndSilu(), torch.nn.Tanh(),
-                                              torch.nn.ReLU(), head))
+                                              torch.nn.ReLU(), head, Inline(), Layered()))
 print(json.dumps({"checked": checked, "failures": failures[:5], "far": far, "uncovered": uncovered}))
 '''
 
