@@ -388,6 +388,11 @@ def engine_config_error(suite: Suite, exc: BaseException, section: str = "engine
     reason = " ".join(str(exc).split())
     reason = reason[:600] + (" ..." if len(reason) > 600 else "")
     named = [f"`{section}.{key}`" for key in suite.engine_args if re.search(rf"\b{re.escape(key)}\b", reason)]
+    if not named and suite.model is not None and re.search(r"model type|architecture", reason, re.IGNORECASE):
+        config = suite.model / "config.json"  # the model's own configuration, not a value the suite wrote
+        return ConfigError(f"{config}: vLLM cannot load this model: {reason}",
+                           fix=f"`model_type` and `architectures` in {config} must name an architecture vLLM or "
+                               "transformers knows (docs/models.md); or point [engine] model at another model")
     fields = ", ".join(named) if named else f"a value in [{section}]"
     return ConfigError(f"{suite.path}: vLLM refused {fields}: {reason}",
                        fix=f"change {fields} in {suite.path} to a value this model and vLLM accept (the reason is above)")

@@ -4,7 +4,9 @@ written. The engine-argument and prompt-length checks use the real vLLM."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
 
 import pytest
 from helpers import CLI, write_suite
@@ -67,6 +69,20 @@ def test_engine_argument_value_vllm_refuses_is_a_configuration_error(cli, tmp_pa
     assert "failed to start" not in proc.stderr
     assert not (tmp_path / "evalgate.sqlite").exists()
     assert not list((tmp_path / ".evalgate" / "logs").glob("*.log"))  # no log left behind for bad input
+
+
+def test_a_model_of_an_architecture_vllm_does_not_know_names_its_config(cli, tmp_path, tiny_model):
+    """A model whose config.json names an unknown model type: exit 2 naming that file and the fields to check,
+    not a value of [engine] (the suite wrote none of it); nothing written."""
+    model = tmp_path / "odd-model"
+    shutil.copytree(tiny_model, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "foo", "architectures": ["FooForCausalLM"]}))
+    suite = write_suite(tmp_path, model, ["hello"])
+    proc = cli("baseline", "create", suite, check=2)
+    assert f"{model / 'config.json'}: vLLM cannot load this model" in proc.stderr and "`foo`" in proc.stderr
+    assert "`model_type` and `architectures`" in proc.stderr and "[engine]" not in proc.stderr.split("fix:")[0]
+    assert not (tmp_path / "evalgate.sqlite").exists()
 
 
 @pytest.mark.parametrize("module, suite_extra", [
