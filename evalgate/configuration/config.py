@@ -148,6 +148,28 @@ def refuse_lfs_pointers(directory: Path, where: str, field: str) -> None:
                    f"({', '.join(pointers[:3])}{more})", LFS_FIX)
 
 
+# What vLLM loads a model's weights from (its load_format "auto"), and the indexes of a sharded checkpoint
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def refuse_missing_weights(directory: Path, where: str, field: str) -> None:
+    """A model directory vLLM would start on only to fail: no weight file, or a shard its index names missing
+    (an interrupted copy or download). The kinds that load the weights ask it before vLLM is imported."""
+    fix = "copy the model's weight files into it (an interrupted copy or download leaves them out), or `evalgate fetch` again"
+    if not any(any(directory.glob(pattern)) for pattern in WEIGHT_FILES):
+        raise fail(where, f"`{field}`: {directory} has no weights (no *.safetensors, *.bin or *.pt file)", fix)
+    for index in (directory / name for name in WEIGHT_INDEXES):
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8-sig"))["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # absent or unreadable: vLLM's to judge
+            continue
+        missing = sorted(str(name) for name in shards if not is_file(directory / str(name)))
+        if missing:
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            raise fail(where, f"`{field}`: {index} names weight files the directory lacks ({', '.join(missing[:3])}{more})", fix)
+
+
 def model_dir(table: dict, root: Path, where: str, section: str, *, required: bool,
               hub: HubResolver = resolve_hub_repo) -> Path | None:
     """`model`: a local Hugging Face model directory (config.json + weights), or a Hub repo id at `revision`

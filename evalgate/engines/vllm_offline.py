@@ -12,6 +12,7 @@ import re
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from ..configuration.config import refuse_missing_weights
 from ..configuration.prompts import SCORING_TYPES, Prompt
 from ..errors import ConfigError, EngineError, MissingDependency
 from ..fingerprint import env_snapshot, runtime_libraries
@@ -131,6 +132,7 @@ class VllmOfflineEngine(Engine):
 
     def __init__(self, suite: Suite):
         self.suite = suite
+        refuse_missing_weights(suite.model, str(suite.path), "engine.model")  # before vLLM's import, not after a start
         vllm = import_vllm()
         self.version = vllm.__version__
         check_engine_args(suite)

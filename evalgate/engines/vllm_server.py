@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..configuration.config import refuse_missing_weights
 from ..configuration.lock import HubResolver, resolve_hub_repo
 from ..errors import ConfigError, EngineError
 from ..fingerprint import env_snapshot
@@ -213,6 +214,7 @@ class VllmServerEngine(OpenAIEngine):
 
     def __init__(self, suite: Suite):
         self.suite = suite
+        refuse_missing_weights(suite.model, str(suite.path), "engine.model")  # not a server that starts and dies
         self.platform = platform_name()
         args = dict(suite.engine_args)
         args.setdefault("seed", 0)

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from helpers import CLI, write_suite
@@ -82,6 +83,33 @@ def test_a_model_of_an_architecture_vllm_does_not_know_names_its_config(cli, tmp
     proc = cli("baseline", "create", suite, check=2)
     assert f"{model / 'config.json'}: vLLM cannot load this model" in proc.stderr and "`foo`" in proc.stderr
     assert "`model_type` and `architectures`" in proc.stderr and "[engine]" not in proc.stderr.split("fix:")[0]
+    assert not (tmp_path / "evalgate.sqlite").exists()
+
+
+def _without_weights(model: Path) -> str:
+    (model / "model.safetensors").unlink()
+    return "has no weights (no *.safetensors, *.bin or *.pt file)"
+
+
+def _missing_shard(model: Path) -> str:
+    (model / "model.safetensors").rename(model / "model-00001-of-00002.safetensors")
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "lm_head.weight": "model-00002-of-00002.safetensors", "model.norm.weight": "model-00001-of-00002.safetensors"}}))
+    return "model.safetensors.index.json names weight files the directory lacks (model-00002-of-00002.safetensors)"
+
+
+@pytest.mark.parametrize("damage", [_without_weights, _missing_shard], ids=["no-weights", "missing-shard"])
+@pytest.mark.parametrize("kind", ["vllm", "vllm-server"])
+def test_a_model_directory_without_its_weights_is_refused_before_vllm_starts(cli, tmp_path, tiny_model, damage, kind):
+    """An interrupted copy or download: exit 2 naming the directory (or its index) and what is missing, before
+    vLLM is imported or a server started (vLLM's own error came after its start, as exit 3); nothing written."""
+    model = tmp_path / "copied-model"
+    shutil.copytree(tiny_model, model)
+    expected = damage(model)
+    suite = write_suite(tmp_path, model, ["hello"], kind=kind)
+    stderr = " ".join(cli("baseline", "create", suite, check=2).stderr.split())  # as wrapped to the terminal
+    assert f"{suite}: `engine.model`: " in stderr and expected in stderr, stderr
+    assert "evalgate fetch" in stderr.split("fix:")[1]
     assert not (tmp_path / "evalgate.sqlite").exists()
 
 
