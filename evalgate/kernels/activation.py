@@ -60,6 +60,12 @@ def row_wise(op_name: str, gated: bool) -> Callable:
     return activation
 
 
+def left_batch_dependent(module) -> bool:
+    """An activation layer (vLLM's, or PyTorch's: what `get_act_fn` returns) the mode cannot compute row by row."""
+    return (type(module).__module__ in ("vllm.model_executor.layers.activation", "torch.nn.modules.activation")
+            and type(module).__name__ not in EXACT and row_wise_kernel(module) is None)
+
+
 def make_row_wise(module) -> bool:
     """Compute `module` row by row (its `forward` replaced); False when no kernel of vLLM's does its activation."""
     kernel = row_wise_kernel(module)

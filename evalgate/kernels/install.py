@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from evalgate.kernels.activation import EXACT, inline_activations, make_row_wise, row_wise_kernel
+from evalgate.kernels.activation import inline_activations, left_batch_dependent, make_row_wise
 from evalgate.kernels.attention import AttentionConfig, attention_varies
 from evalgate.kernels.linear import Geometry, calibrate, linear_path, tiled
 from evalgate.kernels.status import STATUS
@@ -111,7 +111,7 @@ def uncovered_ops(model, lora: bool = False) -> list[str]:
             families.setdefault("state-space or linear-attention layers", set()).add(kind)
         elif "MLA" in kind:
             families.setdefault("multi-head latent attention", set()).add(kind)
-        elif _is_activation(module) and kind not in EXACT and row_wise_kernel(module) is None:
+        elif left_batch_dependent(module):
             families.setdefault("activations computed over the batch's whole tensor", set()).add(kind)
         if getattr(module, "soft_cap", None) and kind == "LogitsProcessor":
             found.add("a final logit soft cap (tanh over the batch's whole logits)")
@@ -126,11 +126,6 @@ def uncovered_ops(model, lora: bool = False) -> list[str]:
     if lora:
         found.add("LoRA adapters (vLLM's CPU punica ops)")
     return sorted(found | {f"{family} ({', '.join(sorted(kinds))})" for family, kinds in families.items()})
-
-
-def _is_activation(module) -> bool:
-    """One of vLLM's activation layers, or PyTorch's (what `get_act_fn` returns)."""
-    return type(module).__module__ in ("vllm.model_executor.layers.activation", "torch.nn.modules.activation")
 
 
 def _name(value) -> str:
