@@ -17,11 +17,14 @@ import sys
 
 import pytest
 from helpers import TEST_ENV, planted_linear_variance, write_suite
-from variance import differing_keys, run_plain_vllm, tiny_prompts
+from variance import differing_keys, long_prompts, run_plain_vllm, tiny_prompts
 
 pytestmark = pytest.mark.e2e
 
 PROMPTS = list(tiny_prompts(12))
+# 30-95 of the tiny model's tokens: every request's keys fit one tile of the attention kernel on any CPU, so two
+# threads cutting a crowded prefill's attention cannot move its sums (docs/conditions.md, the attention gap)
+SHORT_PROMPTS = list(long_prompts(12, 6, 2))
 
 
 def survey_counts(stdout: str) -> dict[str, int]:
@@ -109,16 +112,16 @@ inline, are named."""
 def test_a_model_keeps_each_requests_bits_under_two_threads(tmp_path, tiny_model):
     """The model-level oracle with two threads, on a Llama whose MLP is 360 wide (a thread's slice of its
     activation ends inside a row on any vector width: tests/raw_vllm.py, plain vLLM with the plugin): with the
-    mode on, each request's bits alone equal its bits among all twelve, in pairs and shuffled."""
+    mode on, each short request's bits alone equal its bits among all twelve, in pairs and shuffled."""
     model = tmp_path / "wide-mlp"
     subprocess.run([sys.executable, "-c", WIDE_MLP_SCRIPT, str(tiny_model), str(model)], check=True,
                    env={**os.environ, **TEST_ENV}, capture_output=True, timeout=300)
     plan = {"model": str(model), "dtype": "float32",
             "engine": {"max_model_len": 512, "enforce_eager": True, "seed": 0},
             "sampling": {"temperature": 0.0, "max_tokens": 4, "logprobs": 5},
-            "prompts": [{"key": f"p{i}", "prompt": p} for i, p in enumerate(PROMPTS)],
+            "prompts": [{"key": f"p{i}", "prompt": p} for i, p in enumerate(SHORT_PROMPTS)],
             "conditions": [{"name": "alone", "concurrency": 1, "salt": "alone"},
-                           {"name": "crowded", "concurrency": len(PROMPTS), "salt": "crowded"},
+                           {"name": "crowded", "concurrency": len(SHORT_PROMPTS), "salt": "crowded"},
                            {"name": "pairs", "concurrency": 2, "salt": "pairs", "order_seed": 3}]}
     env = {**os.environ, **TEST_ENV, "OMP_NUM_THREADS": "2", "EVALGATE_CPU_BATCH_INVARIANT": "1"}
     on = run_plain_vllm(plan, tmp_path / "on", env)
