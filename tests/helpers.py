@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
+from evalgate.kernels.status import KERNELS
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -345,7 +347,7 @@ def green_path(cli, tmp_path, model, store_url, store_backend, kind):
     assert report["changed_components"] == []
     assert report["requests"] == []
     assert report["batch_invariance"] == (
-        {"requested": True, "in_force": True, "reason": "", "kernels": "evalgate-cpu-kernels/2"} if kind == "vllm" else
+        {"requested": True, "in_force": True, "reason": "", "kernels": KERNELS} if kind == "vllm" else
         {"requested": True, "in_force": False, "reason": "the fake test engine has no batch-invariant kernels"})
     assert "PASS" in checked.stdout
     if kind == "vllm":  # prompts shorter than one 128-token CPU cache block: the hot pass can hit nothing

@@ -1,24 +1,37 @@
-"""Is vLLM's CPU attention kernel batch invariant here? Asked of the kernel itself, once per configuration.
+"""vLLM's CPU attention kernel, run so that a request's bits do not depend on who shares its call, and asked,
+once per configuration, what it still does with them.
 
-vLLM's CPU attention (`cpu_attention_with_kv_cache`) reads keys and values from the paged cache block by block.
-Whether a query's result depends on how its sequence was cut into chunks (chunked prefill, a prefix-cache hit,
-prefill vs decode) or on the other requests in the call depends on the kernel's ISA path and on the CPU: on one
-AVX2 EPYC a tiny model's outputs changed with chunking, on the AMX Xeon nothing did once the linear layers were
-fixed. The mode turns vLLM's split-KV decode off (the split count follows the batch and the thread count) and
-then measures the rest: the same sequence, with keys spread over the cache as vLLM spreads them, is attended
-whole, from several chunk starts, as one decode query, and beside another request; every arrangement must give
-each query the bits of the whole prefill. The answer is evidence for the configuration it names, not a proof.
+vLLM's CPU attention (`cpu_attention_with_kv_cache`) reads keys and values from the paged cache block by block,
+in tiles whose sizes follow the CPU's L2 size and the query tile's size. Its scheduler shares a call's work out
+over the threads by the call's total and cuts a request's queries where a thread's share ends; each piece is
+tiled from its own first query. So with more than one thread a crowd moves where a long request is cut, and so
+its tiles and its sums (measured on an AMD EPYC, 2 threads: head size 80 or 128, a 461-token prompt among seven
+others got other bits). The mode runs the kernel on one thread (`one_thread`): every request is then one piece
+from its first query, tiled by its own length alone, whoever shares the call. It also turns vLLM's split-KV
+decode off (the split count follows the batch and the thread count).
+
+Where a request's queries start still matters: a chunked prefill, a prefix-cache hit or a decode tiles them from
+another first query than one whole prefill does. That is the kernel's, and the check measures it: one sequence,
+keys spread over the cache as vLLM spreads them, attended whole, from several chunk starts, as one decode query
+and beside another request; every arrangement must give each query the whole prefill's bits at `LENGTH`, and
+the crowded ones must give a long request its bits alone at `LONG`. Longer sequences are chunked at
+`CHUNK_LENGTHS` for the report: how long a sequence keeps its bits when chunked. The answers are evidence for the
+configuration they name, not a proof.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from evalgate.kernels.linear import bits
 
 CHECK_SEED = 20261207
 LENGTH, NEIGHBOUR = 300, 77     # query positions of the sequence checked, and of the request beside it
+LONG = 2048                     # a long request among others (capped at the engine's longest sequence)
+CHUNK_LENGTHS = (600, 1200, 2048)
 
 
 @dataclass(frozen=True)
@@ -38,68 +51,129 @@ class AttentionConfig:
                 + (f" window={self.sliding_window}" if self.sliding_window > 0 else ""))
 
 
-def attention_varies(config: AttentionConfig, split_kv: bool = False) -> str | None:
-    """None where every arrangement gives each query the whole prefill's bits; else the first one that did not."""
+@dataclass(frozen=True)
+class AttentionCheck:
+    varies: str | None      # the first arrangement that gave a query other bits; None: none did
+    chunks_hold_to: int     # the longest sequence checked whose chunks all kept the whole prefill's bits (0: none)
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """The process's OpenMP team at one thread for the block. vLLM's CPU worker makes `torch.set_num_threads` a
+    no-op once it has bound its threads, so this sets PyTorch's own count, and puts it back."""
     import torch
-    from vllm import _custom_ops as ops
 
+    threads = torch.get_num_threads()
+    torch._C.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch._C.set_num_threads(threads)
+
+
+def check_attention(config: AttentionConfig, longest: int = LONG) -> AttentionCheck:
+    """Ask the kernel, on one thread as the mode runs it; `longest`: the engine's longest sequence."""
     if config.kv_cache_dtype not in ("auto", config.dtype.removeprefix("torch.")):
-        return f"a quantized KV cache ({config.kv_cache_dtype}) is not checked"
-    dtype = getattr(torch, config.dtype.removeprefix("torch."))
-    if config.isa == "amx":
-        torch.cpu._init_amx()   # the process's permission to use AMX tiles (vLLM's worker asks for it too)
-    generator = torch.Generator().manual_seed(CHECK_SEED)
-    size = config.block_size
-    blocks = {"a": math.ceil(LENGTH / size), "b": math.ceil(NEIGHBOUR / size)}
-    cache = torch.zeros(blocks["a"] + blocks["b"], config.num_kv_heads, size, 2 * config.head_dim, dtype=dtype)
-    view = cache.view(cache.shape[0], config.num_kv_heads, size * 2, config.head_dim)
-    key_cache, value_cache = view.chunk(2, dim=2)
-    # the neighbour's blocks first, so that the checked sequence does not start at block 0
-    tables = {"b": torch.arange(blocks["b"], dtype=torch.int32),
-              "a": torch.arange(blocks["b"], blocks["b"] + blocks["a"], dtype=torch.int32)}
-    lengths = {"a": LENGTH, "b": NEIGHBOUR}
-    queries = {}
-    for name, length in lengths.items():
-        queries[name] = torch.randn(length, config.num_heads, config.head_dim, generator=generator).to(dtype)
-        keys = (torch.randn(length, config.num_kv_heads, config.head_dim, generator=generator) * 2).to(dtype)
-        values = torch.randn(length, config.num_kv_heads, config.head_dim, generator=generator).to(dtype)
-        positions = torch.arange(length)
-        slots = (tables[name][positions // size].long() * size + positions % size)
-        ops.cpu_attn_reshape_and_cache(keys, values, key_cache, value_cache, slots, config.isa)
+        return AttentionCheck(f"a quantized KV cache ({config.kv_cache_dtype}) is not checked", 0)
+    with one_thread():
+        varies = _Sequences(config, LENGTH, NEIGHBOUR).first_difference(crowd_only=False)
+        long = min(LONG, longest)
+        if varies is None and long > LENGTH:
+            varies = _Sequences(config, long, long // 2).first_difference(crowd_only=True)
+        if varies is not None:
+            return AttentionCheck(varies, 0)
+        held = LENGTH
+        for length in (n for n in CHUNK_LENGTHS if n <= longest):
+            if not _Sequences(config, length, NEIGHBOUR).chunks_hold():
+                break
+            held = length
+    return AttentionCheck(None, held)
 
-    def attend(segments):
-        """Each (sequence, first query position) attends over its whole sequence; the checked one's rows."""
-        query = torch.cat([queries[name][start:] for name, start in segments])
-        counts = [lengths[name] - start for name, start in segments]
+
+class _Sequences:
+    """Two sequences in one paged cache, "a" (the one checked, `length` positions) and "b" beside it."""
+
+    def __init__(self, config: AttentionConfig, length: int, neighbour: int) -> None:
+        import torch
+        from vllm import _custom_ops as ops
+
+        self.config = config
+        self.dtype = getattr(torch, config.dtype.removeprefix("torch."))
+        if config.isa == "amx":
+            torch.cpu._init_amx()   # the process's permission to use AMX tiles (vLLM's worker asks for it too)
+        generator = torch.Generator().manual_seed(CHECK_SEED)
+        size = config.block_size
+        self.lengths = {"a": length, "b": neighbour}
+        self.blocks = {name: math.ceil(n / size) for name, n in self.lengths.items()}
+        cache = torch.zeros(self.blocks["a"] + self.blocks["b"], config.num_kv_heads, size, 2 * config.head_dim,
+                            dtype=self.dtype)
+        view = cache.view(cache.shape[0], config.num_kv_heads, size * 2, config.head_dim)
+        self.key_cache, self.value_cache = view.chunk(2, dim=2)
+        # the neighbour's blocks first, so that the checked sequence does not start at block 0
+        self.tables = {"b": torch.arange(self.blocks["b"], dtype=torch.int32),
+                       "a": torch.arange(self.blocks["b"], self.blocks["b"] + self.blocks["a"], dtype=torch.int32)}
+        self.queries = {}
+        for name, n in self.lengths.items():
+            self.queries[name] = torch.randn(n, config.num_heads, config.head_dim, generator=generator).to(self.dtype)
+            keys = (torch.randn(n, config.num_kv_heads, config.head_dim, generator=generator) * 2).to(self.dtype)
+            values = torch.randn(n, config.num_kv_heads, config.head_dim, generator=generator).to(self.dtype)
+            positions = torch.arange(n)
+            slots = self.tables[name][positions // size].long() * size + positions % size
+            ops.cpu_attn_reshape_and_cache(keys, values, self.key_cache, self.value_cache, slots, config.isa)
+
+    def attend(self, segments: list[tuple[str, int]]):
+        """Each (sequence, first query position) attends over its whole sequence in one call: "a"'s rows' bits."""
+        import torch
+        from vllm import _custom_ops as ops
+
+        config = self.config
+        query = torch.cat([self.queries[name][start:] for name, start in segments])
+        counts = [self.lengths[name] - start for name, start in segments]
         starts = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
-        seq_lens = torch.tensor([lengths[name] for name, _ in segments], dtype=torch.int32)
-        width = max(blocks.values())
-        table = torch.zeros(len(segments), width, dtype=torch.int32)
+        seq_lens = torch.tensor([self.lengths[name] for name, _ in segments], dtype=torch.int32)
+        table = torch.zeros(len(segments), max(self.blocks.values()), dtype=torch.int32)
         for row, (name, _) in enumerate(segments):
-            table[row, :blocks[name]] = tables[name]
+            table[row, :self.blocks[name]] = self.tables[name]
         metadata = ops.cpu_attn_get_scheduler_metadata(
             num_reqs=len(segments), num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
-            head_dim=config.head_dim, seq_lens=seq_lens, dtype=dtype, query_start_loc=starts, causal=True,
-            sliding_window_size=config.sliding_window, isa=config.isa, enable_kv_split=split_kv,
+            head_dim=config.head_dim, seq_lens=seq_lens, dtype=self.dtype, query_start_loc=starts, causal=True,
+            sliding_window_size=config.sliding_window, isa=config.isa, enable_kv_split=False,
             kv_cache_dtype=config.kv_cache_dtype)
         output = torch.empty_like(query)
         ops.cpu_attention_with_kv_cache(
-            query=query, key_cache=key_cache, value_cache=value_cache, output=output, query_start_loc=starts,
-            seq_lens=seq_lens, scale=1 / math.sqrt(config.head_dim), causal=True, alibi_slopes=None,
-            sliding_window=config.sliding_window, block_table=table, softcap=0.0, scheduler_metadata=metadata,
-            s_aux=None, kv_cache_dtype=config.kv_cache_dtype)
+            query=query, key_cache=self.key_cache, value_cache=self.value_cache, output=output,
+            query_start_loc=starts, seq_lens=seq_lens, scale=1 / math.sqrt(config.head_dim), causal=True,
+            alibi_slopes=None, sliding_window=config.sliding_window, block_table=table, softcap=0.0,
+            scheduler_metadata=metadata, s_aux=None, kv_cache_dtype=config.kv_cache_dtype)
         index = [name for name, _ in segments].index("a")
-        return output[starts[index]:starts[index + 1]]
+        return bits(output[starts[index]:starts[index + 1]])
 
-    whole = bits(attend([("a", 0)]))
-    arrangements = {f"a chunk (or a cache hit) from position {start}": [("a", start)]
-                    for start in (1, size - 1, size, 2 * size + 5, LENGTH - 2)}
-    arrangements |= {"one decode query": [("a", LENGTH - 1)],
-                     "beside another request's prefill": [("b", 0), ("a", 0)],
-                     "a decode beside another decode": [("b", NEIGHBOUR - 1), ("a", LENGTH - 1)],
-                     "a chunk beside another request's chunk": [("b", 3), ("a", LENGTH // 2)]}
-    for what, segments in arrangements.items():
-        start = dict(segments)["a"]
-        if not torch.equal(bits(attend(segments)), whole[start:]):
-            return f"{config.label()}: {what} gives a query other bits than the whole prefill"
-    return None
+    def chunk_starts(self) -> dict[str, int]:
+        size, length = self.config.block_size, self.lengths["a"]
+        return {f"a chunk (or a cache hit) from position {start}": start
+                for start in (1, size - 1, size, 2 * size + 5, length - 2)} | {"one decode query": length - 1}
+
+    def chunks_hold(self) -> bool:
+        import torch
+
+        whole = self.attend([("a", 0)])
+        return all(torch.equal(self.attend([("a", start)]), whole[start:]) for start in self.chunk_starts().values())
+
+    def first_difference(self, crowd_only: bool) -> str | None:
+        """The first arrangement that gives "a"'s queries other bits: than the whole prefill, or (`crowd_only`)
+        than the same arrangement alone."""
+        import torch
+
+        label, length, near = self.config.label(), self.lengths["a"], self.lengths["b"]
+        crowds = {"beside another request's prefill": [("b", 0), ("a", 0)],
+                  "a decode beside another decode": [("b", near - 1), ("a", length - 1)],
+                  "a chunk beside another request's chunk": [("b", 3), ("a", length // 2)]}
+        whole = self.attend([("a", 0)])
+        arrangements = {} if crowd_only else {what: [("a", start)] for what, start in self.chunk_starts().items()}
+        for what, segments in (arrangements | crowds).items():
+            start = dict(segments)["a"]
+            expected = self.attend([("a", start)]) if crowd_only else whole[start:]
+            if not torch.equal(self.attend(segments), expected):
+                alone = "than alone" if crowd_only else "than the whole prefill"
+                return f"{label}: {what} gives a {length}-token sequence's queries other bits {alone}"
+        return None

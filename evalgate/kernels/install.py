@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 
 from evalgate.kernels.activation import inline_activations, left_batch_dependent, make_row_wise
-from evalgate.kernels.attention import AttentionConfig, attention_varies
+from evalgate.kernels.attention import AttentionCheck, AttentionConfig, check_attention, one_thread
 from evalgate.kernels.linear import Geometry, calibrate, linear_path, tiled
 from evalgate.kernels.status import STATUS
 
@@ -14,6 +14,7 @@ from evalgate.kernels.status import STATUS
 @functools.cache
 def install() -> None:
     _tile_linear_layers()
+    _attention_on_one_thread()
     _check_attention()
     _list_uncovered()
 
@@ -54,12 +55,28 @@ def linear_for(dispatch, weight):
     return linear_path(probe.cpu_linear), lambda x, w: probe.cpu_linear(x, w, None)
 
 
+def _attention_on_one_thread() -> None:
+    """vLLM's CPU attention schedules a call's work (`build`) and runs it (`forward`) on one thread: a crowd then
+    cannot move where a request's queries are cut (evalgate/kernels/attention.py). The two must agree: the
+    kernel refuses a schedule made for another thread count."""
+    from vllm.v1.attention.backends import cpu_attn
+
+    for owner, name in ((cpu_attn.CPUAttentionMetadataBuilder, "build"), (cpu_attn.CPUAttentionBackendImpl, "forward")):
+        original = getattr(owner, name)
+
+        def on_one_thread(*args, _original=original, **kwargs):
+            with one_thread():
+                return _original(*args, **kwargs)
+
+        setattr(owner, name, on_one_thread)
+
+
 def _check_attention() -> None:
     from vllm.v1.attention.backends import cpu_attn
 
     builder = cpu_attn.CPUAttentionMetadataBuilder
     original = builder.__init__
-    checked: dict[AttentionConfig, str | None] = {}
+    checked: dict[AttentionConfig, AttentionCheck] = {}
 
     def init(self, *args, **kwargs) -> None:
         original(self, *args, **kwargs)
@@ -69,7 +86,7 @@ def _check_attention() -> None:
         config = AttentionConfig(self.num_heads, self.num_kv_heads, self.head_dim, str(self.dtype).removeprefix("torch."), self.block_size,
                                  self.isa, self.window_size, str(self.kv_cache_dtype))
         if config not in checked:
-            checked[config] = attention_varies(config)
+            checked[config] = check_attention(config, longest=self.vllm_config.model_config.max_model_len)
             STATUS.attention_checked(config.label(), checked[config])
 
     builder.__init__ = init

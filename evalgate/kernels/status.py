@@ -16,14 +16,14 @@ from pathlib import Path
 from evalgate.atomic import write_text_atomic
 
 STATUS_PATH_ENV = "EVALGATE_CPU_INVARIANT_STATUS"
-KERNELS = "evalgate-cpu-kernels/2"
+KERNELS = "evalgate-cpu-kernels/3"
 
 
 @dataclass
 class KernelStatus:
     kernels: str = KERNELS
     linear: list[dict] = field(default_factory=list)        # {path, dtype, k, n, rows, tail_floor}
-    attention: list[dict] = field(default_factory=list)     # {config, varies: reason or None}
+    attention: list[dict] = field(default_factory=list)     # {config, varies: reason or None, chunks_hold_to}
     uncovered: list[str] = field(default_factory=list)
     model_loaded: bool = False
 
@@ -33,8 +33,8 @@ class KernelStatus:
                             "rows": geometry.rows, "tail_floor": geometry.tail_floor})
         self.write()
 
-    def attention_checked(self, config: str, varies: str | None) -> None:
-        self.attention.append({"config": config, "varies": varies})
+    def attention_checked(self, config: str, check) -> None:
+        self.attention.append({"config": config, "varies": check.varies, "chunks_hold_to": check.chunks_hold_to})
         self.write()
 
     def add_uncovered(self, op: str) -> None:
@@ -78,7 +78,11 @@ def judge_status(status: KernelStatus | None) -> tuple[bool, str]:
     rows = sorted({g["rows"] for g in status.linear})
     padded = [f"{g['path']} {g['dtype']} {g['k']}x{g['n']} pads below {g['tail_floor']} rows"
               for g in status.linear if g["tail_floor"] > 1]
+    # a chunked prefill, a prefix-cache hit or a decode tiles a request's queries from another start: the kernel
+    # keeps their bits only so far, so the report says how far (docs/conditions.md)
+    chunks = min(a.get("chunks_hold_to", 0) for a in status.attention)
     return True, (f"{status.kernels}: linear layers in fixed {'/'.join(map(str, rows))}-row tiles"
                   + (f" ({'; '.join(padded)})" if padded else "")
-                  + f"; attention checked invariant ({len(status.attention)} configuration"
-                  + ("s" if len(status.attention) != 1 else "") + "), split-KV off")
+                  + f"; attention on one thread, split-KV off, checked invariant ({len(status.attention)} configuration"
+                  + ("s" if len(status.attention) != 1 else "") + ")"
+                  + f"; chunked prefill and prefix-cache hits checked to keep its bits up to {chunks} tokens")

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from helpers import database_url, db_baselines, db_query, db_runs, read_json, write_suite
 
+from evalgate.kernels.status import KERNELS
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +42,7 @@ def test_cost_of_determinism(cli, tmp_path, variance_source):
 
     batched, seq1, requested = by_name["batched"], by_name["max-num-seqs-1"], by_name["batch-invariant"]
     assert requested["status"] == "measured" and requested["batch_invariance"]["in_force"] is True
-    assert requested["batch_invariance"]["kernels"] == "evalgate-cpu-kernels/2"
+    assert requested["batch_invariance"]["kernels"] == KERNELS
     if variance_source.candidate.planted:  # planted in the logits, after every kernel: the mode cannot remove it
         assert requested["differing_requests"] == len(variance_source.differing["batch_size"])
     else:  # this CPU's own kernels varied: the mode removes it

@@ -22,9 +22,8 @@ from variance import differing_keys, long_prompts, run_plain_vllm, tiny_prompts
 pytestmark = pytest.mark.e2e
 
 PROMPTS = list(tiny_prompts(12))
-# 30-95 of the tiny model's tokens: every request's keys fit one tile of the attention kernel on any CPU, so two
-# threads cutting a crowded prefill's attention cannot move its sums (docs/conditions.md, the attention gap)
-SHORT_PROMPTS = list(long_prompts(12, 6, 2))
+# 30 to 1,000 of the tiny tokenizer's tokens: long enough that two threads cut a crowded call inside a request
+CROWD_PROMPTS = list(long_prompts(12, 8, 24))
 
 
 def survey_counts(stdout: str) -> dict[str, int]:
@@ -110,18 +109,20 @@ inline, are named."""
 
 
 def test_a_model_keeps_each_requests_bits_under_two_threads(tmp_path, tiny_model):
-    """The model-level oracle with two threads, on a Llama whose MLP is 360 wide (a thread's slice of its
-    activation ends inside a row on any vector width: tests/raw_vllm.py, plain vLLM with the plugin): with the
-    mode on, each short request's bits alone equal its bits among all twelve, in pairs and shuffled."""
+    """The model-level oracle with two threads (tests/raw_vllm.py, plain vLLM with the plugin), on a Llama whose
+    MLP is 360 wide (a thread's slice of its activation ends inside a row on any vector width) and whose heads
+    are 80 wide, with prompts of 30 to 1,000 tokens: two threads cut a crowded call's attention by the call's
+    total, and so inside a long request. With the mode on, each request's bits alone equal its bits among all
+    twelve, in pairs and shuffled. No prompt is chunked (one prefill holds them all): this is the crowd alone."""
     model = tmp_path / "wide-mlp"
     subprocess.run([sys.executable, "-c", WIDE_MLP_SCRIPT, str(tiny_model), str(model)], check=True,
                    env={**os.environ, **TEST_ENV}, capture_output=True, timeout=300)
     plan = {"model": str(model), "dtype": "float32",
-            "engine": {"max_model_len": 512, "enforce_eager": True, "seed": 0},
+            "engine": {"max_model_len": 2048, "max_num_batched_tokens": 16384, "enforce_eager": True, "seed": 0},
             "sampling": {"temperature": 0.0, "max_tokens": 4, "logprobs": 5},
-            "prompts": [{"key": f"p{i}", "prompt": p} for i, p in enumerate(SHORT_PROMPTS)],
+            "prompts": [{"key": f"p{i}", "prompt": p} for i, p in enumerate(CROWD_PROMPTS)],
             "conditions": [{"name": "alone", "concurrency": 1, "salt": "alone"},
-                           {"name": "crowded", "concurrency": len(SHORT_PROMPTS), "salt": "crowded"},
+                           {"name": "crowded", "concurrency": len(CROWD_PROMPTS), "salt": "crowded"},
                            {"name": "pairs", "concurrency": 2, "salt": "pairs", "order_seed": 3}]}
     env = {**os.environ, **TEST_ENV, "OMP_NUM_THREADS": "2", "EVALGATE_CPU_BATCH_INVARIANT": "1"}
     on = run_plain_vllm(plan, tmp_path / "on", env)
@@ -135,6 +136,8 @@ tiny, out = sys.argv[1:]
 torch.manual_seed(0)
 config = transformers.AutoConfig.from_pretrained(tiny)
 config.intermediate_size, config.num_hidden_layers = 360, 2
+config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim = 160, 2, 2, 80
+config.max_position_embeddings = 2048
 model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float32)
 with torch.no_grad():
     for parameter in model.parameters():
@@ -196,7 +199,7 @@ import json, random, torch
 from vllm.platforms import current_platform
 current_platform.import_kernels()
 from vllm.model_executor.layers import utils
-from evalgate.kernels.attention import AttentionConfig, attention_varies
+from evalgate.kernels.attention import AttentionConfig, check_attention
 from evalgate.kernels.install import linear_for
 from evalgate.kernels.linear import calibrate, tiled
 
@@ -223,7 +226,7 @@ attention = []
 for dtype in ("float32", "bfloat16"):
     for heads, kv, dim in ((4, 2, 64), (9, 3, 64), (8, 8, 128)):
         isa = "amx" if dtype == "bfloat16" and torch.cpu._is_amx_tile_supported() else "vec"
-        attention.append(attention_varies(AttentionConfig(heads, kv, dim, dtype, 128, isa, -1, "auto")))
+        attention.append(check_attention(AttentionConfig(heads, kv, dim, dtype, 128, isa, -1, "auto")).varies)
 from evalgate.kernels.install import uncovered_ops
 
 

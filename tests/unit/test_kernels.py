@@ -112,10 +112,15 @@ def test_the_path_is_named_by_the_kernel_vllm_chose():
 def test_the_mode_is_in_force_only_where_everything_was_covered_and_checked():
     done = KernelStatus(linear=[{"path": "onednn_mm", "dtype": "float32", "k": 1536, "n": 576, "rows": 32,
                                  "tail_floor": 2}],
-                        attention=[{"config": "cpu_attention_with_kv_cache isa=vec", "varies": None}],
+                        attention=[{"config": "cpu_attention_with_kv_cache isa=vec", "varies": None,
+                                    "chunks_hold_to": 1200},
+                                   {"config": "cpu_attention_with_kv_cache isa=vec16", "varies": None,
+                                    "chunks_hold_to": 600}],
                         model_loaded=True)
     in_force, said = judge_status(done)
     assert in_force and "32-row tiles" in said and "onednn_mm float32 1536x576 pads below 2 rows" in said
+    # how far a chunked prefill keeps attention's bits is the least any configuration kept them
+    assert "attention on one thread" in said and "keep its bits up to 600 tokens" in said
     assert judge_status(None) == (False, judge_status(KernelStatus())[1])
     assert "install evalgate where vLLM runs" in judge_status(None)[1]
     moe = KernelStatus(**{**done.__dict__, "uncovered": ["mixture-of-experts layers (FusedMoE)"]})
@@ -133,10 +138,10 @@ def test_a_cpu_engine_asks_for_the_kernels_and_reads_their_report(tmp_path):
                      "kernels": KERNELS}
     status_path = env[STATUS_PATH_ENV]
     with open(status_path, "w", encoding="utf-8") as f:
-        json.dump({"kernels": KERNELS, "linear": [], "attention": [{"config": "c", "varies": None}],
+        json.dump({"kernels": KERNELS, "linear": [], "attention": [{"config": "c", "varies": None, "chunks_hold_to": 300}],
                    "uncovered": [], "model_loaded": True}, f)
     measured = confirm_cpu_invariance(state, env)
-    assert state["in_force"] is True and state["reason"] == "" and "attention checked invariant" in measured
+    assert state["in_force"] is True and state["reason"] == "" and "checked invariant (1 configuration)" in measured
 
     off = dict(env)
     assert arrange_batch_invariance(False, "cpu", off)["reason"] == "not requested"
