@@ -44,7 +44,7 @@ def survey(suite_file: Optional[Path] = SuiteArg,
 
 def show_survey(report, suite) -> list[str]:
     """Print a survey's table and what removes the variance the suite's policy fails; returns those factors."""
-    from ..judgement.factors import words
+    from ..judgement.factors import is_batch_factor, words
     from ..reports.explain import margin_text, template_date_line
     from ..store import open_store
     from ..survey import failing_factors, how_they_differ, machine_table, remedy_args, setting_lines, token_flips, unremedied
@@ -71,10 +71,18 @@ def show_survey(report, suite) -> list[str]:
                       soft_wrap=True)
         for concurrency, text in flip.answers:
             console.print(escape(f"  concurrency {concurrency}: {text.strip()!r}"), soft_wrap=True)
+    failing = failing_factors(report)
     if not in_force and (flips or bits):
         console.print("why: without batch-invariant kernels the shape of the batch changes the floating-point "
                       "reduction order", soft_wrap=True)
-    failing = failing_factors(report)
+    elif in_force and report.batch_invariance.kernels and any(is_batch_factor(f) for f in failing):
+        # evalgate's CPU kernels leave one batch effect: the crowd filling a step makes vLLM chunk a long prompt,
+        # and the attention kernel keeps a chunk's bits only so far (docs/conditions.md)
+        console.print("why, with evalgate's CPU kernels in force: vLLM chunks a long prompt when the requests beside "
+                      "it fill a step's max_num_batched_tokens, and attention keeps a chunked prompt's bits only so "
+                      "far (300 to 600 tokens where measured: docs/conditions.md); enable_chunked_prefill = false "
+                      "(with max_num_batched_tokens at least max_model_len) keeps the concurrency: survey again with "
+                      "it", soft_wrap=True, markup=False)
     if not failing:
         console.print("[green]nothing varies here that the gate fails on[/]")
     else:

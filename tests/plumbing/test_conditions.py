@@ -112,3 +112,33 @@ def test_bad_probes_are_exit_2_naming_the_field(inline_cli, tmp_path, fake_model
     proc = inline_cli("baseline", "create", suite, check=2)
     assert "schedule.probes" in proc.stderr and message in proc.stderr and "fix:" in proc.stderr
     assert not (suite.parent / "evalgate.sqlite").exists()
+
+
+def test_a_batch_effect_left_with_cpu_kernels_in_force_is_explained_as_chunked_prefill(tmp_path, fake_model, cli_env,
+                                                                                         monkeypatch):
+    """evalgate's CPU kernels keep a request's bits whoever shares its batch; what a survey can still find at a
+    batch factor is vLLM chunking a long prompt because the crowd filled the step. The survey says so, and names
+    the setting that keeps the concurrency, only there: without kernels in force it gives the plain reason."""
+    import dataclasses
+
+    from evalgate.cli.common import console
+    from evalgate.cli.survey import show_survey
+    from evalgate.configuration.suite import load_suite
+    from evalgate.judgement.report import BatchInvariance
+    from evalgate.survey import survey
+
+    for key, value in cli_env.items():
+        monkeypatch.setenv(key, value)
+    suite = load_suite(fake_suite(tmp_path, fake_model, 'fake_vary_with_batch = ["p002"]'))
+    report = survey(suite)
+
+    def shown(invariance: BatchInvariance) -> str:
+        with console.capture() as captured:
+            show_survey(dataclasses.replace(report, batch_invariance=invariance), suite)
+        return captured.get()
+
+    in_force = shown(BatchInvariance(True, True, "", "evalgate-cpu-kernels/3"))
+    assert "why, with evalgate's CPU kernels in force: vLLM chunks a long prompt" in in_force
+    assert "enable_chunked_prefill = false" in in_force and "why: without" not in in_force
+    plain = shown(BatchInvariance(False, False, "not requested"))
+    assert "why: without batch-invariant kernels" in plain and "chunks a long prompt" not in plain
