@@ -12,8 +12,12 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from evalgate.atomic import write_text_atomic
+
+if TYPE_CHECKING:
+    from evalgate.kernels.attention import AttentionCheck
 
 STATUS_PATH_ENV = "EVALGATE_CPU_INVARIANT_STATUS"
 KERNELS = "evalgate-cpu-kernels/3"
@@ -33,7 +37,7 @@ class KernelStatus:
                             "rows": geometry.rows, "tail_floor": geometry.tail_floor})
         self.write()
 
-    def attention_checked(self, config: str, check) -> None:
+    def attention_checked(self, config: str, check: AttentionCheck) -> None:
         self.attention.append({"config": config, "varies": check.varies, "chunks_hold_to": check.chunks_hold_to})
         self.write()
 
