@@ -76,13 +76,13 @@ def show_survey(report, suite) -> list[str]:
         console.print("why: without batch-invariant kernels the shape of the batch changes the floating-point "
                       "reduction order", soft_wrap=True)
     elif in_force and report.batch_invariance.kernels and any(is_batch_factor(f) for f in failing):
-        # evalgate's CPU kernels leave one batch effect: the crowd filling a step makes vLLM chunk a long prompt,
-        # and the attention kernel keeps a chunk's bits only so far (docs/conditions.md)
-        console.print("why, with evalgate's CPU kernels in force: vLLM chunks a long prompt when the requests beside "
-                      "it fill a step's max_num_batched_tokens, and attention keeps a chunked prompt's bits only so "
-                      "far (300 to 600 tokens where measured: docs/conditions.md); enable_chunked_prefill = false "
-                      "(with max_num_batched_tokens at least max_model_len) keeps the concurrency: survey again with "
-                      "it", soft_wrap=True, markup=False)
+        # evalgate's CPU kernels can leave one batch effect: the crowd filling a step makes vLLM chunk a long prompt,
+        # and where the attention check could not cut queries at fixed positions a chunk keeps its bits only so far
+        console.print("why, with evalgate's CPU kernels in force: a batch factor that still differs is most often vLLM "
+                      "chunking a long prompt when the requests beside it fill a step's max_num_batched_tokens, past "
+                      "the length to which the mode's attention check held chunks to their bits (docs/conditions.md); "
+                      "enable_chunked_prefill = false (with max_num_batched_tokens at least max_model_len) keeps the "
+                      "concurrency: survey again with it", soft_wrap=True, markup=False)
     if not failing:
         console.print("[green]nothing varies here that the gate fails on[/]")
     else:

@@ -1,22 +1,22 @@
-"""vLLM's CPU attention kernel, run so that a request's bits do not depend on who shares its call, and asked,
-once per configuration, what it still does with them.
+"""vLLM's CPU attention kernel, run so that a query's bits depend on its position and its keys alone, and asked,
+once per configuration, whether they do.
 
 vLLM's CPU attention (`cpu_attention_with_kv_cache`) reads keys and values from the paged cache block by block,
-in tiles whose sizes follow the CPU's L2 size and the query tile's size. Its scheduler shares a call's work out
-over the threads by the call's total and cuts a request's queries where a thread's share ends; each piece is
-tiled from its own first query. So with more than one thread a crowd moves where a long request is cut, and so
-its tiles and its sums (measured on an AMD EPYC, 2 threads: head size 80 or 128, a 461-token prompt among seven
-others got other bits). The mode runs the kernel on one thread (`one_thread`): every request is then one piece
-from its first query, tiled by its own length alone, whoever shares the call. It also turns vLLM's split-KV
-decode off (the split count follows the batch and the thread count).
+in tiles. A request's queries are tiled from the first query it is given, and the key tile's size follows the
+query tile's size (and the CPU's L2 size). Its scheduler also shares a call's work out over the threads by the
+call's total and cuts a request's queries where a thread's share ends. So a query's sums depend on who shares
+the call (more than one thread), and on where its request's queries start: a chunked prefill, a prefix-cache
+hit and a decode start them elsewhere than a whole prefill (measured on an AMD EPYC: a 1,200-token sequence,
+every configuration tried). The mode runs the kernel on one thread (`one_thread`) and gives it each request's
+queries in pieces cut at fixed positions (`cut_at_positions`), so every query's tiles are the same wherever its
+request started and whoever shares the call. It also turns vLLM's split-KV decode off (the split count follows
+the batch and the thread count).
 
-Where a request's queries start still matters: a chunked prefill, a prefix-cache hit or a decode tiles them from
-another first query than one whole prefill does. That is the kernel's, and the check measures it: one sequence,
-keys spread over the cache as vLLM spreads them, attended whole, from several chunk starts, as one decode query
-and beside another request; every arrangement must give each query the whole prefill's bits at `LENGTH`, and
-the crowded ones must give a long request its bits alone at `LONG`. Longer sequences are chunked at
-`CHUNK_LENGTHS` for the report: how long a sequence keeps its bits when chunked. The answers are evidence for the
-configuration they name, not a proof.
+The check asks the kernel, on one thread and cut as the mode runs it: one sequence, keys spread over the cache as
+vLLM spreads them, attended whole, from several chunk starts, as one decode query and beside another request.
+Every arrangement must give each query the whole prefill's bits at `LENGTH` and, for a window to be used, again
+at each of `CHUNK_LENGTHS`; a long request must get its bits alone beside another at `LONG`. The answers are
+evidence for the configuration they name, not a proof.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class AttentionConfig:
 class AttentionCheck:
     varies: str | None      # the first arrangement that gave a query other bits; None: none did
     chunks_hold_to: int     # the longest sequence checked whose chunks all kept the whole prefill's bits (0: none)
+    window: int = 0         # query positions per piece the kernel is given (`cut_at_positions`); 0: not cut
 
 
 @contextlib.contextmanager
@@ -71,33 +72,68 @@ def one_thread() -> Iterator[None]:
         torch._C.set_num_threads(threads)
 
 
+def cut_at_positions(query_start_loc, seq_lens, block_table, window: int):
+    """Each request's queries cut into pieces at every multiple of `window` positions, each piece one request to
+    the kernel (keys up to its last query, the request's block table): (query_start_loc, seq_lens, block_table).
+    The queries keep their order, so the output does too. A piece of at most `window` queries is one query tile,
+    whose key tiles then have one size for the configuration and start at position 0: a query's sums no longer
+    depend on where its request's queries started (a chunk, a cache hit, a decode) nor on who shares the call.
+    Keys past a query are masked to exact zeros, so a piece that ends later adds nothing to its sums."""
+    import torch
+
+    counts = (query_start_loc[1:] - query_start_loc[:-1]).long()
+    ends = seq_lens.long()
+    firsts = ends - counts                                   # each request's first query position
+    first_piece = firsts // window
+    pieces = torch.where(counts > 0, (ends + window - 1) // window - first_piece, torch.zeros_like(ends))
+    request = torch.repeat_interleave(torch.arange(len(ends)), pieces)
+    index = torch.arange(len(request)) - torch.repeat_interleave(torch.cumsum(pieces, 0) - pieces, pieces)
+    piece_ends = torch.minimum((first_piece[request] + index + 1) * window, ends[request])
+    starts = torch.zeros(len(request) + 1, dtype=torch.int32)
+    starts[1:] = (query_start_loc[:-1].long()[request] + piece_ends - firsts[request]).int()
+    return starts, piece_ends.int(), block_table[request]
+
+
+WINDOWS = (8, 4, 2, 1)  # query positions per piece, widest (fastest) first; 1 is a decode's own shape
+
+
 def check_attention(config: AttentionConfig, longest: int = LONG) -> AttentionCheck:
-    """Ask the kernel, on one thread as the mode runs it; `longest`: the engine's longest sequence."""
+    """Ask the kernel, on one thread as the mode runs it; `longest`: the engine's longest sequence. The widest
+    window whose every arrangement holds at every length checked is the one the mode uses; where none does, the
+    queries are not cut and the check says how far that holds."""
     if config.kv_cache_dtype not in ("auto", config.dtype.removeprefix("torch.")):
         return AttentionCheck(f"a quantized KV cache ({config.kv_cache_dtype}) is not checked", 0)
+    lengths = [LENGTH, *(n for n in CHUNK_LENGTHS if n <= longest)]
     with one_thread():
-        varies = _Sequences(config, LENGTH, NEIGHBOUR).first_difference(crowd_only=False)
-        long = min(LONG, longest)
-        if varies is None and long > LENGTH:
-            varies = _Sequences(config, long, long // 2).first_difference(crowd_only=True)
-        if varies is not None:
-            return AttentionCheck(varies, 0)
-        held = LENGTH
-        for length in (n for n in CHUNK_LENGTHS if n <= longest):
-            if not _Sequences(config, length, NEIGHBOUR).chunks_hold():
-                break
-            held = length
-    return AttentionCheck(None, held)
+        for window in (*WINDOWS, 0) if config.sliding_window <= 0 else (0,):
+            check = _check(config, min(LONG, longest), lengths, window)
+            if window == 0 or (check.varies is None and check.chunks_hold_to == lengths[-1]):
+                return check
+    raise AssertionError("unreachable: the uncut check always answers")
+
+
+def _check(config: AttentionConfig, long: int, lengths: list[int], window: int) -> AttentionCheck:
+    varies = _Sequences(config, LENGTH, NEIGHBOUR, window).first_difference(crowd_only=False)
+    if varies is None and long > LENGTH:
+        varies = _Sequences(config, long, long // 2, window).first_difference(crowd_only=True)
+    if varies is not None:
+        return AttentionCheck(varies, 0, window)
+    held = LENGTH
+    for length in lengths[1:]:
+        if not _Sequences(config, length, NEIGHBOUR, window).chunks_hold():
+            break
+        held = length
+    return AttentionCheck(None, held, window)
 
 
 class _Sequences:
     """Two sequences in one paged cache, "a" (the one checked, `length` positions) and "b" beside it."""
 
-    def __init__(self, config: AttentionConfig, length: int, neighbour: int) -> None:
+    def __init__(self, config: AttentionConfig, length: int, neighbour: int, window: int) -> None:
         import torch
         from vllm import _custom_ops as ops
 
-        self.config = config
+        self.config, self.window = config, window
         self.dtype = getattr(torch, config.dtype.removeprefix("torch."))
         if config.isa == "amx":
             torch.cpu._init_amx()   # the process's permission to use AMX tiles (vLLM's worker asks for it too)
@@ -134,8 +170,12 @@ class _Sequences:
         table = torch.zeros(len(segments), max(self.blocks.values()), dtype=torch.int32)
         for row, (name, _) in enumerate(segments):
             table[row, :self.blocks[name]] = self.tables[name]
+        index = [name for name, _ in segments].index("a")
+        first, last = int(starts[index]), int(starts[index + 1])
+        if self.window:
+            starts, seq_lens, table = cut_at_positions(starts, seq_lens, table, self.window)
         metadata = ops.cpu_attn_get_scheduler_metadata(
-            num_reqs=len(segments), num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
+            num_reqs=len(seq_lens), num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
             head_dim=config.head_dim, seq_lens=seq_lens, dtype=self.dtype, query_start_loc=starts, causal=True,
             sliding_window_size=config.sliding_window, isa=config.isa, enable_kv_split=False,
             kv_cache_dtype=config.kv_cache_dtype)
@@ -145,8 +185,7 @@ class _Sequences:
             query_start_loc=starts, seq_lens=seq_lens, scale=1 / math.sqrt(config.head_dim), causal=True,
             alibi_slopes=None, sliding_window=config.sliding_window, block_table=table, softcap=0.0,
             scheduler_metadata=metadata, s_aux=None, kv_cache_dtype=config.kv_cache_dtype)
-        index = [name for name, _ in segments].index("a")
-        return bits(output[starts[index]:starts[index + 1]])
+        return bits(output[first:last])
 
     def chunk_starts(self) -> dict[str, int]:
         size, length = self.config.block_size, self.lengths["a"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 
 from evalgate.kernels.activation import inline_activations, left_batch_dependent, make_row_wise
-from evalgate.kernels.attention import AttentionCheck, AttentionConfig, check_attention, one_thread
+from evalgate.kernels.attention import AttentionCheck, AttentionConfig, check_attention, cut_at_positions, one_thread
 from evalgate.kernels.linear import Geometry, calibrate, linear_path, tiled
 from evalgate.kernels.status import STATUS
 
@@ -14,7 +14,7 @@ from evalgate.kernels.status import STATUS
 @functools.cache
 def install() -> None:
     _tile_linear_layers()
-    _attention_on_one_thread()
+    _attention_cut_on_one_thread()
     _check_attention()
     _list_uncovered()
 
@@ -55,20 +55,44 @@ def linear_for(dispatch, weight):
     return linear_path(probe.cpu_linear), lambda x, w: probe.cpu_linear(x, w, None)
 
 
-def _attention_on_one_thread() -> None:
-    """vLLM's CPU attention schedules a call's work (`build`) and runs it (`forward`) on one thread: a crowd then
-    cannot move where a request's queries are cut (evalgate/kernels/attention.py). The two must agree: the
-    kernel refuses a schedule made for another thread count."""
+def _attention_cut_on_one_thread() -> None:
+    """vLLM's CPU attention schedules a call's work (`build`) and runs it (`forward`) on one thread, its queries
+    cut at the positions the check chose (evalgate/kernels/attention.py): a crowd, a chunk or a cache hit then
+    cannot move a request's tiles. Schedule and run must agree: the kernel refuses a schedule made for another
+    thread count."""
+    import dataclasses
+
+    from vllm import _custom_ops as ops
     from vllm.v1.attention.backends import cpu_attn
 
-    for owner, name in ((cpu_attn.CPUAttentionMetadataBuilder, "build"), (cpu_attn.CPUAttentionBackendImpl, "forward")):
-        original = getattr(owner, name)
+    builder, impl = cpu_attn.CPUAttentionMetadataBuilder, cpu_attn.CPUAttentionBackendImpl
+    build, forward = builder.build, impl.forward
 
-        def on_one_thread(*args, _original=original, **kwargs):
-            with one_thread():
-                return _original(*args, **kwargs)
+    def build_cut_on_one_thread(self, *args, **kwargs):
+        with one_thread():
+            metadata = build(self, *args, **kwargs)
+            window = getattr(self, WINDOW, 0)
+            if not window or metadata.causal is not True or metadata.dynamic_causal is not None:
+                return metadata
+            requests = len(metadata.seq_lens)
+            starts, seq_lens, table = cut_at_positions(metadata.query_start_loc[:requests + 1], metadata.seq_lens,
+                                                       metadata.block_table[:requests], window)
+            scheduled = ops.cpu_attn_get_scheduler_metadata(
+                num_reqs=len(seq_lens), num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                head_dim=self.head_dim, seq_lens=seq_lens, dtype=self.dtype, query_start_loc=starts, causal=True,
+                sliding_window_size=self.window_size, isa=self.isa, enable_kv_split=False,
+                kv_cache_dtype=self.kv_cache_dtype)
+            return dataclasses.replace(metadata, query_start_loc=starts, seq_lens=seq_lens, block_table=table,
+                                       scheduler_metadata=scheduled)
 
-        setattr(owner, name, on_one_thread)
+    def forward_on_one_thread(*args, **kwargs):
+        with one_thread():
+            return forward(*args, **kwargs)
+
+    builder.build, impl.forward = build_cut_on_one_thread, forward_on_one_thread
+
+
+WINDOW = "evalgate_attention_window"  # set on each metadata builder by its check: query positions per piece
 
 
 def _check_attention() -> None:
@@ -88,6 +112,7 @@ def _check_attention() -> None:
         if config not in checked:
             checked[config] = check_attention(config, longest=self.vllm_config.model_config.max_model_len)
             STATUS.attention_checked(config.label(), checked[config])
+        setattr(self, WINDOW, checked[config].window)
 
     builder.__init__ = init
 

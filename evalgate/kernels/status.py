@@ -27,7 +27,7 @@ KERNELS = "evalgate-cpu-kernels/3"
 class KernelStatus:
     kernels: str = KERNELS
     linear: list[dict] = field(default_factory=list)        # {path, dtype, k, n, rows, tail_floor}
-    attention: list[dict] = field(default_factory=list)     # {config, varies: reason or None, chunks_hold_to}
+    attention: list[dict] = field(default_factory=list)     # {config, varies: reason or None, chunks_hold_to, window}
     uncovered: list[str] = field(default_factory=list)
     model_loaded: bool = False
 
@@ -38,7 +38,8 @@ class KernelStatus:
         self.write()
 
     def attention_checked(self, config: str, check: AttentionCheck) -> None:
-        self.attention.append({"config": config, "varies": check.varies, "chunks_hold_to": check.chunks_hold_to})
+        self.attention.append({"config": config, "varies": check.varies, "chunks_hold_to": check.chunks_hold_to,
+                               "window": check.window})
         self.write()
 
     def add_uncovered(self, op: str) -> None:
@@ -82,11 +83,14 @@ def judge_status(status: KernelStatus | None) -> tuple[bool, str]:
     rows = sorted({g["rows"] for g in status.linear})
     padded = [f"{g['path']} {g['dtype']} {g['k']}x{g['n']} pads below {g['tail_floor']} rows"
               for g in status.linear if g["tail_floor"] > 1]
-    # a chunked prefill, a prefix-cache hit or a decode tiles a request's queries from another start: the kernel
-    # keeps their bits only so far, so the report says how far (docs/conditions.md)
+    # the queries cut at fixed positions where the check found a window that keeps a chunk's bits; the report says
+    # how far chunked prefill, prefix-cache hits and decodes were checked to keep them (docs/conditions.md)
+    windows = sorted({a.get("window", 0) for a in status.attention})
     chunks = min(a.get("chunks_hold_to", 0) for a in status.attention)
+    cut = ("queries cut every " + "/".join(map(str, windows)) + " positions" if 0 not in windows else
+           "queries not cut" if windows == [0] else "queries of some configurations cut")
     return True, (f"{status.kernels}: linear layers in fixed {'/'.join(map(str, rows))}-row tiles"
                   + (f" ({'; '.join(padded)})" if padded else "")
-                  + f"; attention on one thread, split-KV off, checked invariant ({len(status.attention)} configuration"
-                  + ("s" if len(status.attention) != 1 else "") + ")"
+                  + f"; attention on one thread, {cut}, split-KV off, checked invariant ({len(status.attention)} "
+                  + "configuration" + ("s" if len(status.attention) != 1 else "") + ")"
                   + f"; chunked prefill and prefix-cache hits checked to keep its bits up to {chunks} tokens")

@@ -22,7 +22,7 @@ from variance import differing_keys, long_prompts, run_plain_vllm, tiny_prompts
 pytestmark = pytest.mark.e2e
 
 PROMPTS = list(tiny_prompts(12))
-# 30 to 1,000 of the tiny tokenizer's tokens: long enough that two threads cut a crowded call inside a request
+# 39 to 1,019 of the tiny tokenizer's tokens: long enough that two threads cut a crowded call inside a request
 CROWD_PROMPTS = list(long_prompts(12, 8, 24))
 
 
@@ -111,9 +111,10 @@ inline, are named."""
 def test_a_model_keeps_each_requests_bits_under_two_threads(tmp_path, tiny_model):
     """The model-level oracle with two threads (tests/raw_vllm.py, plain vLLM with the plugin), on a Llama whose
     MLP is 360 wide (a thread's slice of its activation ends inside a row on any vector width) and whose heads
-    are 80 wide, with prompts of 30 to 1,000 tokens: two threads cut a crowded call's attention by the call's
+    are 80 wide, with prompts of 39 to 1,019 tokens: two threads cut a crowded call's attention by the call's
     total, and so inside a long request. With the mode on, each request's bits alone equal its bits among all
-    twelve, in pairs and shuffled. No prompt is chunked (one prefill holds them all): this is the crowd alone."""
+    twelve, in pairs and shuffled (no prompt is chunked: the crowd alone). Served from the prefix cache, and
+    scored again by one prefill, they are equal too wherever the mode says chunks keep their bits that far."""
     model = tmp_path / "wide-mlp"
     subprocess.run([sys.executable, "-c", WIDE_MLP_SCRIPT, str(tiny_model), str(model)], check=True,
                    env={**os.environ, **TEST_ENV}, capture_output=True, timeout=300)
@@ -122,12 +123,27 @@ def test_a_model_keeps_each_requests_bits_under_two_threads(tmp_path, tiny_model
             "sampling": {"temperature": 0.0, "max_tokens": 4, "logprobs": 5},
             "prompts": [{"key": f"p{i}", "prompt": p} for i, p in enumerate(CROWD_PROMPTS)],
             "conditions": [{"name": "alone", "concurrency": 1, "salt": "alone"},
+                           {"name": "hot", "concurrency": 1, "salt": "alone"},
                            {"name": "crowded", "concurrency": len(CROWD_PROMPTS), "salt": "crowded"},
-                           {"name": "pairs", "concurrency": 2, "salt": "pairs", "order_seed": 3}]}
-    env = {**os.environ, **TEST_ENV, "OMP_NUM_THREADS": "2", "EVALGATE_CPU_BATCH_INVARIANT": "1"}
+                           {"name": "pairs", "concurrency": 2, "salt": "pairs", "order_seed": 3},
+                           {"name": "rescored", "rescore": "alone"}]}
+    status = tmp_path / "status.json"
+    env = {**os.environ, **TEST_ENV, "OMP_NUM_THREADS": "2", "EVALGATE_CPU_BATCH_INVARIANT": "1",
+           "EVALGATE_CPU_INVARIANT_STATUS": str(status)}
     on = run_plain_vllm(plan, tmp_path / "on", env)
     for condition in ("crowded", "pairs"):
         assert differing_keys(on["alone"], on[condition]) == [], condition
+    # a cache hit starts a request's queries at a cache block, a rescoring prefill scores each output token
+    # where its decode did: the same bits wherever the check held chunks to the longest sequence here
+    checked = json.loads(status.read_text(encoding="utf-8"))["attention"]
+    longest = 1024 + plan["sampling"]["max_tokens"]  # the prompts are at most 1,019 tokens
+    assert checked and all(a["varies"] is None for a in checked), checked
+    if all(a["chunks_hold_to"] >= longest for a in checked):
+        assert differing_keys(on["alone"], on["hot"]) == []
+        assert any(out["cached_tokens"] for out in on["hot"].values())
+        for key, out in on["alone"].items():
+            decoded = [struct.unpack("<d", bytes.fromhex(b))[0] for b in out["logprob_bits"]]
+            assert on["rescored"][key]["logprobs"] == decoded, key
 
 
 WIDE_MLP_SCRIPT = r'''

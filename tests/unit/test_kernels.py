@@ -14,6 +14,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from evalgate import kernels  # noqa: E402
 from evalgate.engines.base import arrange_batch_invariance, confirm_cpu_invariance  # noqa: E402
+from evalgate.kernels.attention import cut_at_positions  # noqa: E402
 from evalgate.kernels.linear import (  # noqa: E402
     Geometry,
     bits,
@@ -113,14 +114,17 @@ def test_the_mode_is_in_force_only_where_everything_was_covered_and_checked():
     done = KernelStatus(linear=[{"path": "onednn_mm", "dtype": "float32", "k": 1536, "n": 576, "rows": 32,
                                  "tail_floor": 2}],
                         attention=[{"config": "cpu_attention_with_kv_cache isa=vec", "varies": None,
-                                    "chunks_hold_to": 1200},
+                                    "chunks_hold_to": 2048, "window": 8},
                                    {"config": "cpu_attention_with_kv_cache isa=vec16", "varies": None,
-                                    "chunks_hold_to": 600}],
+                                    "chunks_hold_to": 600, "window": 0}],
                         model_loaded=True)
     in_force, said = judge_status(done)
     assert in_force and "32-row tiles" in said and "onednn_mm float32 1536x576 pads below 2 rows" in said
     # how far a chunked prefill keeps attention's bits is the least any configuration kept them
-    assert "attention on one thread" in said and "keep its bits up to 600 tokens" in said
+    assert "attention on one thread, queries of some configurations cut" in said
+    assert "keep its bits up to 600 tokens" in said
+    cut = KernelStatus(**{**done.__dict__, "attention": done.attention[:1]})
+    assert "queries cut every 8 positions" in judge_status(cut)[1] and "up to 2048 tokens" in judge_status(cut)[1]
     assert judge_status(None) == (False, judge_status(KernelStatus())[1])
     assert "install evalgate where vLLM runs" in judge_status(None)[1]
     moe = KernelStatus(**{**done.__dict__, "uncovered": ["mixture-of-experts layers (FusedMoE)"]})
@@ -149,3 +153,27 @@ def test_a_cpu_engine_asks_for_the_kernels_and_reads_their_report(tmp_path):
     assert "VLLM_BATCH_INVARIANT" not in env or env["VLLM_BATCH_INVARIANT"] != "1"
     gpu = {}
     assert arrange_batch_invariance(True, "cuda", gpu)["reason"] == "" and gpu == {"VLLM_BATCH_INVARIANT": "1"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=6), st.integers(1, 9))
+def test_queries_cut_at_fixed_positions_keep_their_order_and_their_keys(requests, window):
+    """Each request (earlier positions, queries this call) cut at every multiple of `window` positions: the pieces
+    cover its queries in order, none crosses a multiple of the window, each attends to its own last query's
+    position, and keeps its request's block table."""
+    counts = [q for _, q in requests]
+    starts = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
+    seq_lens = torch.tensor([e + q for e, q in requests], dtype=torch.int32)
+    table = torch.arange(len(requests), dtype=torch.int32)[:, None].repeat(1, 3)
+    cut_starts, cut_lens, cut_table = cut_at_positions(starts, seq_lens, table, window)
+    assert cut_starts[0] == 0 and cut_starts[-1] == sum(counts) and bool((cut_starts[1:] > cut_starts[:-1]).all())
+    expected = []
+    for r, (e, q) in enumerate(requests):
+        position, token = e, int(starts[r])
+        while position < e + q:
+            end = min((position // window + 1) * window, e + q)
+            expected.append((token, end - position, end, r))
+            token, position = token + end - position, end
+    got = [(int(cut_starts[i]), int(cut_starts[i + 1] - cut_starts[i]), int(cut_lens[i]), int(cut_table[i, 0]))
+           for i in range(len(cut_lens))]
+    assert got == expected
