@@ -38,8 +38,7 @@ class KernelStatus:
         self.write()
 
     def attention_checked(self, config: str, check: AttentionCheck) -> None:
-        self.attention.append({"config": config, "varies": check.varies, "chunks_hold_to": check.chunks_hold_to,
-                               "window": check.window})
+        self.attention.append({"config": config, **asdict(check)})
         self.write()
 
     def add_uncovered(self, op: str) -> None:
