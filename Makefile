@@ -17,7 +17,7 @@ demo: setup
 PYTEST_WORKERS ?= 2
 
 test: setup
-	$(VENV)/bin/python -m pytest -ra -n $(PYTEST_WORKERS) --dist worksteal --durations=25
+	$(VENV)/bin/python -m pytest -ra -n $(PYTEST_WORKERS) --dist worksteal --durations=40
 
 # The unit and plumbing tiers (tests/unit, tests/plumbing: the CLI on the fake engine in this process), in
 # under a minute; tests/e2e (real vLLM, subprocesses) runs in `make test`.
