@@ -110,12 +110,13 @@ def _fits(value: Any, wanted: tuple[type, ...]) -> bool:
 
 def check_engine_args(suite: Suite) -> None:
     """Every pass-through key of [engine] must be a vLLM EngineArgs field, of a type it takes (checked before
-    anything is written)."""
+    anything is written). Every bad key is named in one error."""
     known = known_engine_args()
-    for key, value in suite.engine_args.items():
-        problem = engine_arg_problem(key, value, known, "engine.")
-        if problem:
-            raise ConfigError(f"{suite.path}: {problem[0]}", fix=problem[1])
+    problems = [problem for key, value in suite.engine_args.items()
+                if (problem := engine_arg_problem(key, value, known, "engine."))]
+    if problems:
+        raise ConfigError("\n".join(f"{suite.path}: {text}" for text, _ in problems),
+                          fix="; ".join(dict.fromkeys(fix for _, fix in problems)))
 
 
 class VllmOfflineEngine(Engine):

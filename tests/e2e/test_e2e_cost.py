@@ -92,11 +92,12 @@ def test_cost_of_determinism(cli, tmp_path, variance_source):
 def test_candidate_env_reaches_only_its_engine_and_bad_args_are_exit_2(cli, tmp_path, tiny_model):
     suite = write_suite(tmp_path / "ws", tiny_model, ["one", "two", "three", "four"], max_tokens=4, concurrency=(1, 4),
                         shuffles=0)
-    bad = cli("cost", suite, "--no-defaults", "--candidate", "x:max_num_seq=2", check=2)
+    # both bad candidates named in one error (each correction would cost another vLLM import)
+    bad = cli("cost", suite, "--no-defaults", "--candidate", "x:max_num_seq=2", "--candidate", "y:max_num_seqs=two",
+              check=2)  # vLLM on y: "'<' not supported"
     assert "candidate 'x' (--candidate): unknown vLLM engine argument `max_num_seq`" in bad.stderr
-    assert "max_num_seqs" in bad.stderr
-    typed = cli("cost", suite, "--no-defaults", "--candidate", "x:max_num_seqs=two", check=2)  # vLLM: "'<' not supported"
-    assert "candidate 'x' (--candidate): `max_num_seqs` must be an integer, got str 'two'" in typed.stderr
+    assert "did you mean `max_num_seqs`?" in bad.stderr
+    assert "candidate 'y' (--candidate): `max_num_seqs` must be an integer, got str 'two'" in bad.stderr
     assert not (tmp_path / "ws" / "evalgate.sqlite").exists()
 
     out = tmp_path / "c.json"

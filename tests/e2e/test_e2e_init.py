@@ -1,13 +1,12 @@
 """`evalgate init` on real vLLM, as a new user runs it: init with a model, then `baseline create`, then
 `check`, each exit 0, on whatever CPU this is (init surveys the machine first and writes the remedy where
-its passes disagree; the fake-engine tests in tests/plumbing/test_init.py plant both branches)."""
+its passes disagree; the fake-engine tests in tests/plumbing/test_init.py plant both branches, and run a survey
+afterwards)."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
-from helpers import db_baselines, db_runs, tomllib
+from helpers import db_runs, tomllib
 
 pytestmark = pytest.mark.e2e
 
@@ -28,8 +27,3 @@ def test_init_then_baseline_create_then_check_pass_on_vllm(cli, tmp_path, tiny_m
     db = f"sqlite:///{proj / 'baselines' / 'evalgate.sqlite'}"
     kinds = [row[1] for row in db_runs(db)]
     assert kinds[0] == "survey" and kinds[-2:] == ["baseline", "check"]
-    # a survey afterwards prints the machine's table and moves no baseline
-    before = db_baselines(db)
-    out = cli("survey", suite, check=0, timeout=900).stdout
-    assert re.search(r"^batch size 1→8 +batch size +\d+/\d+$", out, re.M) and "it is never a baseline" in out
-    assert db_baselines(db) == before and db_runs(db)[-1][1] == "survey"

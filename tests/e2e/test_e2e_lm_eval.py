@@ -117,7 +117,7 @@ def test_changed_model_moves_metrics_and_is_explained(workspace, cli_env):
     saved = root / "model-trained"
     shutil.copytree(ws / "model", saved)
     builder = CLI(cli_env, root)
-    builder("build-model", ws / "model", "--preset", "arith", "--steps", "150", check=0)
+    builder("build-model", ws / "model", "--preset", "arith", "--steps", "40", check=0)
     try:
         cli("check", ws / "evalgate.toml", "--json-report", root / "model.json", check=0)
     finally:

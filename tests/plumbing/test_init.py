@@ -11,7 +11,7 @@ import re
 
 import pytest
 import yaml
-from helpers import tomllib
+from helpers import db_baselines, db_runs, tomllib
 
 from evalgate import __version__
 from evalgate.cli import init as init_command
@@ -43,6 +43,12 @@ def test_init_then_baseline_then_check_pass(inline_cli, tmp_path, fake_model):
     # the survey's run is stored and is never the baseline
     listed = inline_cli("runs", "list", "--suite", proj / "evalgate.toml", check=0).stdout
     assert "survey" in listed
+    # a survey afterwards prints the machine's table and moves no baseline
+    db = f"sqlite:///{proj / 'baselines' / 'evalgate.sqlite'}"
+    before = db_baselines(db)
+    out = inline_cli("survey", proj / "evalgate.toml", check=0).stdout
+    assert re.search(r"^batch size 1→8 +batch size +\d+/\d+$", out, re.M) and "it is never a baseline" in out
+    assert db_baselines(db) == before and db_runs(db)[-1][1] == "survey"
 
 
 def test_where_the_engine_varies_init_writes_the_remedy_and_the_suite_passes(inline_cli, tmp_path, fake_model):
