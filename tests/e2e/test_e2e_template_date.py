@@ -18,9 +18,6 @@ from helpers import cached_model, database_url, db_outputs, db_query, read_json,
 
 from evalgate.records import unpack_ids
 
-# SmolLM2's bf16 weights served upcast (exactly): what is tested is the template, and a CPU without bf16
-# instructions runs fp32 several times faster (docs/models.md)
-DTYPE = "float32"
 TEMPLATE = (
     "{%- if not date_string is defined %}{%- if strftime_now is defined %}"
     "{%- set date_string = strftime_now('%d %b %Y') %}{%- else %}{%- set date_string = '26 Jul 2024' %}{%- endif %}"
@@ -90,7 +87,7 @@ def pinned_ids(model: Path, messages: list[dict], day: str) -> list[int]:
 
 @pytest.mark.e2e
 def test_a_template_that_writes_the_date_is_pinned_across_days_on_vllm(cli, tmp_path, dated_model, faketime):
-    suite = write_suite(tmp_path / "ws", dated_model, CHATS, dtype=DTYPE, max_tokens=8, concurrency=(1,),
+    suite = write_suite(tmp_path / "ws", dated_model, CHATS, dtype="bfloat16", max_tokens=8, concurrency=(1,),
                         shuffles=0, hot_pass=False)
     url = database_url(suite)
     made = on(cli, faketime, DAY1)("baseline", "create", suite, "--json-report", tmp_path / "create.json", check=0)
@@ -134,7 +131,7 @@ def test_the_server_kind_and_lm_evals_chat_templating_render_with_the_pin_not_th
     tasks.mkdir(parents=True)
     for name in ("arith.yaml", "arith.jsonl"):
         shutil.copy(EXAMPLE_TASKS / name, tasks)
-    suite = write_suite(tmp_path / "ws", dated_model, CHATS, dtype=DTYPE, max_tokens=8, concurrency=(1,),
+    suite = write_suite(tmp_path / "ws", dated_model, CHATS, dtype="bfloat16", max_tokens=8, concurrency=(1,),
                         shuffles=0, hot_pass=False, kind="vllm-server")
     suite.write_text(suite.read_text().replace("[suite]\n", '[suite]\ntemplate_date = "2026-03-01"\n', 1)
                      + '\n[lm_eval]\ninclude_path = ["tasks"]\ntasks = ["evalgate_arith"]\n'
