@@ -270,18 +270,17 @@ def resolve_candidates(suite: Suite | None, cli: list[str] = (), candidates_file
 def check_engine_arg_names(candidates: list[Candidate]) -> None:
     """Candidates' own engine arguments must be vLLM EngineArgs fields, of types they take: checked before any
     engine starts (imports vLLM, so only when some candidate has arguments of its own beyond the built-in ones).
-    Every bad argument is named in one error: each correction would otherwise cost another vLLM import."""
+    Every bad argument is named in one error."""
     custom = [c for c in candidates if c.origin != "default" and c.engine_args]
     if not custom:
         return
-    from .engines.vllm_offline import engine_arg_problem, known_engine_args
+    from .engines.vllm_offline import engine_arg_problem, engine_args_error, known_engine_args
 
     known = known_engine_args()
     problems = [(f"candidate {c.name!r} ({c.origin}): {problem[0]}", problem[1]) for c in custom
                 for key, value in c.engine_args.items() if (problem := engine_arg_problem(key, value, known))]
     if problems:
-        raise ConfigError("\n".join(text for text, _ in problems),
-                          fix="; ".join(dict.fromkeys(fix for _, fix in problems)))
+        raise engine_args_error(problems)
 
 
 def candidate_suite(suite: Suite, candidate: Candidate) -> Suite:

@@ -112,11 +112,16 @@ def check_engine_args(suite: Suite) -> None:
     """Every pass-through key of [engine] must be a vLLM EngineArgs field, of a type it takes (checked before
     anything is written). Every bad key is named in one error."""
     known = known_engine_args()
-    problems = [problem for key, value in suite.engine_args.items()
+    problems = [(f"{suite.path}: {problem[0]}", problem[1]) for key, value in suite.engine_args.items()
                 if (problem := engine_arg_problem(key, value, known, "engine."))]
     if problems:
-        raise ConfigError("\n".join(f"{suite.path}: {text}" for text, _ in problems),
-                          fix="; ".join(dict.fromkeys(fix for _, fix in problems)))
+        raise engine_args_error(problems)
+
+
+def engine_args_error(problems: list[tuple[str, str]]) -> ConfigError:
+    """One error naming every (problem, fix): each correction would otherwise cost another vLLM import."""
+    return ConfigError("\n".join(text for text, _ in problems),
+                       fix="; ".join(dict.fromkeys(fix for _, fix in problems)))
 
 
 class VllmOfflineEngine(Engine):
