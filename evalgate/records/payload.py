@@ -10,7 +10,7 @@ import json
 import struct
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from .packing import to_le_bytes
 
@@ -50,8 +50,8 @@ class EncodedPass:
     payload_hashes: list[str]
     payloads: dict[str, bytes]  # payload hash -> blob
     repeats: int  # outputs equal to the same request's output in the previous pass: neither hashed nor encoded
-    # request key -> its latest output's signature, digest and payload hash (32 bytes each, one bytes object: a
-    # leaderboard-sized run keeps one per request), in this pass or before: for the next
+    # request key -> this chunk's output's signature, digest and payload hash (32 bytes each, one bytes object: a
+    # leaderboard-sized run keeps one per request): the run's writer adds them to what it has seen, once stored
     seen: dict[str, bytes] = field(repr=False, default_factory=dict)
 
 
@@ -71,24 +71,25 @@ def signature(c: Completion) -> bytes:
     return h.digest()
 
 
-def encode_pass(completions: list[Completion], previous: EncodedPass | None = None) -> EncodedPass:
+def encode_pass(completions: list[Completion], seen: Mapping[str, bytes] | None = None) -> EncodedPass:
     """Encode a pass at once. Its ids (per completion: output ids, then top-k ids) and floats (logprobs,
     then top-k logprobs) are concatenated and converted together: ids to uint16 where all of a completion's
     fit 0..65535, else int32; floats to float32 where all of a completion's are exactly float32 (an engine's
     float32 arrays are, without a look), else float64. Each digest is computed on the int32 ids and float64
     logprobs of the sampled tokens.
 
-    With `previous` (the run's previous pass, once stored), an output equal to the same request's latest
-    output there (the same `signature`; `seen` carries each request's latest, whichever pass it was in)
-    takes its digest and payload hash without being hashed or encoded again: what a passing run mostly
-    records."""
+    With `seen` (each request's latest stored output in the run, whichever pass it was in: the `seen` of every
+    earlier chunk, the later over the earlier), an output equal to it (the same `signature`) takes its digest
+    and payload hash without being hashed or encoded again: what a passing run mostly records. `seen` is
+    only read: the caller adds this chunk's once it is stored, in place (a copy per chunk would make a
+    leaderboard-sized run quadratic)."""
 
     n = len(completions)
     encoded = EncodedPass([""] * n, [""] * n, {}, 0)
     fresh = []
     for i, c in enumerate(completions):
         mine = signature(c)
-        before = previous.seen.get(c.key) if previous is not None else None
+        before = seen.get(c.key) if seen is not None else None
         if before is not None and before[:32] == mine:
             encoded.digests[i], encoded.payload_hashes[i] = before[32:64].hex(), before[64:].hex()
             c._digest = encoded.digests[i]
@@ -98,10 +99,8 @@ def encode_pass(completions: list[Completion], previous: EncodedPass | None = No
     encoded.repeats = n - len(fresh)
     if fresh:
         _encode_fresh([completions[i] for i in fresh], fresh, encoded)
-    # a request this pass left out (a rotating or probe pass covers some requests) keeps its earlier output
-    encoded.seen = {**(previous.seen if previous is not None else {}),
-                    **{key: mine + bytes.fromhex(encoded.digests[i]) + bytes.fromhex(encoded.payload_hashes[i])
-                       for key, (mine, i) in encoded.seen.items()}}
+    encoded.seen = {key: mine + bytes.fromhex(encoded.digests[i]) + bytes.fromhex(encoded.payload_hashes[i])
+                    for key, (mine, i) in encoded.seen.items()}
     return encoded
 
 

@@ -18,7 +18,7 @@ from ..collector import collector_paused
 from ..errors import ConfigError
 from ..fingerprint import RunFingerprint, fingerprint_hash
 from ..owners import current_owner
-from ..records import Completion, EncodedPass, encode_pass, pack_ids
+from ..records import Completion, encode_pass, pack_ids
 from .base import StoreBase
 from .loaded import PassOutputs, RunRecord, load_run
 from .models import Fingerprint, Output, Payload, Request, Run, Verdict, utcnow
@@ -56,8 +56,9 @@ class OutputWriter:
 
 
 class RunStore(StoreBase):
-    # run id -> its last stored pass, encoded: the run being written compares its next pass with it
-    _last_pass: dict[int, EncodedPass] = {}
+    # run id -> each request's latest stored output (`EncodedPass.seen`): the run being written compares its
+    # next outputs with it. One run at a time; grown in place, never copied.
+    _seen: dict[int, dict[str, bytes]] = {}
 
     # --- writing a run ---------------------------------------------------------------------------------
 
@@ -112,7 +113,8 @@ class RunStore(StoreBase):
         equal to the same request's output in the run's previous pass (what a passing check mostly
         records) is not even encoded again."""
         with collector_paused():
-            encoded = encode_pass(completions, self._last_pass.get(run_id))
+            seen = self._seen.get(run_id)
+            encoded = encode_pass(completions, seen)
             rows = [(run_id, c.key, c.pass_index, c.concurrency, c.wave, c.position, c.finish_reason, digest,
                      c.cached_tokens, payload_hash)
                     for c, digest, payload_hash in zip(completions, encoded.digests, encoded.payload_hashes)]
@@ -123,7 +125,10 @@ class RunStore(StoreBase):
                 self.insert_rows(s, Output.__table__, OUTPUT_COLUMNS, rows)
 
             self.write(write)
-        self._last_pass = {run_id: encoded}  # only once stored: a failed write must not count
+        if seen is None:  # only once stored: a failed write must not count
+            self._seen = {run_id: encoded.seen}
+        else:
+            seen.update(encoded.seen)
 
     def update_schedule(self, run_id: int, schedule: dict) -> None:
         """Replace a running run's schedule record (the runner drops a planned pass that could not run)."""
@@ -161,7 +166,7 @@ class RunStore(StoreBase):
                 self.promote_in(s, run)
 
         self.write(write)
-        self._last_pass = {}  # the run is written: let its outputs go
+        self._seen = {}  # the run is written: let its outputs go
 
     def add_fingerprint(self, s: Session, fp_hash: str, fingerprint: dict) -> None:
         """Content-addressed: stored once, whoever stores it first."""

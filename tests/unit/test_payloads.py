@@ -382,7 +382,7 @@ def test_a_repeat_of_the_previous_pass_is_recognized_on_the_arrays_and_a_changed
     top_changed = again[8]
     top_changed.top_ids = top_changed.top_ids.copy()
     top_changed.top_ids[0, -1] += 1
-    encoded = encode_pass(again, first)
+    encoded = encode_pass(again, first.seen)
     fresh = encode_pass([c for c in mixed_pass()[::-1]])
     changed_keys = {flipped.key, top_changed.key} - {c.key for c in again if not c.output_ids.size}
     assert encoded.repeats == len(again) - len(changed_keys)
@@ -401,14 +401,17 @@ def test_a_request_left_out_of_a_pass_is_still_a_repeat_in_the_next():
     from evalgate.records import encode_pass
 
     first = encode_pass(mixed_pass())
-    subset = encode_pass(mixed_pass()[:10], first)
-    last = encode_pass(mixed_pass(), subset)
+    seen = dict(first.seen)
+    subset = encode_pass(mixed_pass()[:10], seen)
+    assert set(subset.seen) == {c.key for c in mixed_pass()[:10]}  # this chunk's only: the writer adds them
+    seen.update(subset.seen)
+    last = encode_pass(mixed_pass(), seen)
     assert subset.repeats == 10 and last.repeats == len(mixed_pass())
     assert (last.digests, last.payload_hashes, last.payloads) == (first.digests, first.payload_hashes, {})
     changed = mixed_pass()
     changed[20].logprobs = changed[20].logprobs.copy()
     changed[20].logprobs[0] = np.nextafter(changed[20].logprobs[0], 0)
-    assert encode_pass(changed, subset).repeats == len(changed) - 1
+    assert encode_pass(changed, seen).repeats == len(changed) - 1
 
 
 def first_index(key: str) -> int:
